@@ -1,0 +1,1 @@
+"""mcpclient: the Python SDK and the mcpctl operator CLI (not built yet)."""

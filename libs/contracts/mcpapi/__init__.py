@@ -1,0 +1,1 @@
+"""Generated protobuf code (make proto). Never edit by hand."""

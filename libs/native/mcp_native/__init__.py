@@ -1,0 +1,1 @@
+"""mcp_native: the ctypes binding to libs/native (not built yet)."""

@@ -1,0 +1,1 @@
+"""mcp_health: not built yet (see the open issues)."""

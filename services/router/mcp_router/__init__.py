@@ -1,0 +1,1 @@
+"""mcp_router: not built yet (see the open issues)."""

@@ -1,0 +1,1 @@
+"""mcp_scheduler: not built yet (see the open issues)."""

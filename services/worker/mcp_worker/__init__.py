@@ -1,0 +1,1 @@
+"""mcp_worker: not built yet (see the open issues)."""
