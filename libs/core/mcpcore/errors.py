@@ -1,0 +1,247 @@
+"""The MCPError family: every error a person or a client can act on, each bound to one gRPC status.
+
+Invariants:
+- Each wire error is defined once, here; ``CODE_TO_ERROR`` is the one table from status codes back to
+  exceptions (clients, ZeroMQ replies), and ``server_interceptor``/``aio_server_interceptor`` are the one
+  place where exceptions become statuses.
+- An exception that is not an ``MCPError`` never leaks its text to a client: it is logged with its traceback
+  and answered ``INTERNAL`` with a generic message.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import grpc
+import grpc.aio
+
+__all__ = [
+    "CODE_TO_ERROR",
+    "AlreadyExists",
+    "DataLoss",
+    "DeadlineExceeded",
+    "FailedPrecondition",
+    "Internal",
+    "InvalidArgument",
+    "MCPError",
+    "NotFound",
+    "PermissionDenied",
+    "ResourceExhausted",
+    "Unavailable",
+    "aio_server_interceptor",
+    "error_for_code",
+    "from_rpc_error",
+    "server_interceptor",
+]
+
+log = logging.getLogger(__name__)
+
+
+class MCPError(Exception):
+    """Base of every error mcpmesh reports on purpose. ``message`` is shown to the caller as is."""
+
+    code: ClassVar[grpc.StatusCode] = grpc.StatusCode.UNKNOWN
+    #: Whether an idempotent call may be retried (STYLE.md: only UNAVAILABLE and DEADLINE_EXCEEDED).
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.code.name}: {self.message}"
+
+
+class InvalidArgument(MCPError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(MCPError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExists(MCPError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class FailedPrecondition(MCPError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class PermissionDenied(MCPError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class ResourceExhausted(MCPError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class DeadlineExceeded(MCPError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+    retryable = True
+
+
+class Unavailable(MCPError):
+    code = grpc.StatusCode.UNAVAILABLE
+    retryable = True
+
+
+class DataLoss(MCPError):
+    code = grpc.StatusCode.DATA_LOSS
+
+
+class Internal(MCPError):
+    code = grpc.StatusCode.INTERNAL
+
+
+CODE_TO_ERROR: dict[grpc.StatusCode, type[MCPError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidArgument,
+        NotFound,
+        AlreadyExists,
+        FailedPrecondition,
+        PermissionDenied,
+        ResourceExhausted,
+        DeadlineExceeded,
+        Unavailable,
+        DataLoss,
+        Internal,
+    )
+}
+_BY_VALUE: dict[int, grpc.StatusCode] = {c.value[0]: c for c in grpc.StatusCode}
+
+GENERIC_INTERNAL = "internal error; the server log has the details"
+
+
+def error_for_code(code: grpc.StatusCode | int, message: str) -> MCPError:
+    """The exception for a status code (a ``grpc.StatusCode`` or its integer, as in ZeroMQ headers)."""
+    if isinstance(code, int):
+        code = _BY_VALUE.get(code, grpc.StatusCode.UNKNOWN)
+    cls = CODE_TO_ERROR.get(code)
+    if cls is None:
+        err = MCPError(message)
+        err.code = code  # type: ignore[misc]  # an instance attribute for codes we have no class for
+        return err
+    return cls(message)
+
+
+def from_rpc_error(err: grpc.RpcError) -> MCPError:
+    """The client table: a failed call's status back to its exception."""
+    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+    details = err.details() if hasattr(err, "details") else str(err)
+    return error_for_code(code, details or code.name)
+
+
+# --- server side -------------------------------------------------------------------------------------
+
+_KINDS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+_FACTORIES: dict[str, Callable[..., grpc.RpcMethodHandler]] = {
+    "unary_unary": grpc.unary_unary_rpc_method_handler,
+    "unary_stream": grpc.unary_stream_rpc_method_handler,
+    "stream_unary": grpc.stream_unary_rpc_method_handler,
+    "stream_stream": grpc.stream_stream_rpc_method_handler,
+}
+
+
+def _status_for(exc: BaseException, method: str) -> tuple[grpc.StatusCode, str]:
+    if isinstance(exc, MCPError):
+        return exc.code, exc.message
+    log.error("unexpected error in %s", method, exc_info=exc)
+    return grpc.StatusCode.INTERNAL, GENERIC_INTERNAL
+
+
+def _rewrap(handler: grpc.RpcMethodHandler, wrap: Callable[[Any, bool], Any]) -> grpc.RpcMethodHandler:
+    for kind in _KINDS:
+        behavior = getattr(handler, kind)
+        if behavior is not None:
+            return _FACTORIES[kind](
+                wrap(behavior, kind.endswith("stream")),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+    return handler
+
+
+class _SyncInterceptor(grpc.ServerInterceptor):
+    def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+
+        def wrap(behavior: Any, streaming: bool) -> Any:
+            def guarded(request: Any, context: grpc.ServicerContext) -> Any:
+                try:
+                    result = behavior(request, context)
+                    if streaming:
+                        yield from result
+                        return None
+                    return result
+                except Exception as exc:
+                    if context.code() not in (None, grpc.StatusCode.OK):
+                        raise  # the handler aborted by itself
+                    context.abort(*_status_for(exc, method))
+
+            if streaming:
+                return guarded
+
+            def unary(request: Any, context: grpc.ServicerContext) -> Any:
+                try:
+                    return behavior(request, context)
+                except Exception as exc:
+                    if context.code() not in (None, grpc.StatusCode.OK):
+                        raise
+                    context.abort(*_status_for(exc, method))
+
+            return unary
+
+        return _rewrap(handler, wrap)
+
+
+class _AioInterceptor(grpc.aio.ServerInterceptor):
+    async def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+
+        def wrap(behavior: Any, streaming: bool) -> Any:
+            if inspect.isasyncgenfunction(behavior):
+
+                async def agen(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                    try:
+                        async for item in behavior(request, context):
+                            yield item
+                    except grpc.aio.AbortError:
+                        raise
+                    except Exception as exc:
+                        await context.abort(*_status_for(exc, method))
+
+                return agen
+
+            async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                try:
+                    result = behavior(request, context)
+                    return await result if inspect.isawaitable(result) else result
+                except grpc.aio.AbortError:
+                    raise
+                except Exception as exc:
+                    await context.abort(*_status_for(exc, method))
+
+            return call
+
+        return _rewrap(handler, wrap)
+
+
+def server_interceptor() -> grpc.ServerInterceptor:
+    """For ``grpc.server(..., interceptors=[server_interceptor()])``."""
+    return _SyncInterceptor()
+
+
+def aio_server_interceptor() -> grpc.aio.ServerInterceptor:
+    """For ``grpc.aio.server(interceptors=[aio_server_interceptor()])``."""
+    return _AioInterceptor()

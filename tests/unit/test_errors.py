@@ -1,0 +1,29 @@
+import grpc
+import pytest
+
+from mcpcore import errors
+
+
+def test_table_covers_every_class_once():
+    classes = [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.MCPError)]
+    for cls in classes:
+        if cls is not errors.MCPError:
+            assert errors.CODE_TO_ERROR[cls.code] is cls
+    assert len(set(errors.CODE_TO_ERROR.values())) == len(errors.CODE_TO_ERROR)
+
+
+@pytest.mark.parametrize("cls", list(errors.CODE_TO_ERROR.values()), ids=lambda c: c.__name__)
+def test_int_codes_from_zmq_headers_map_back(cls):
+    err = errors.error_for_code(cls.code.value[0], "m")
+    assert type(err) is cls and err.message == "m"
+
+
+def test_unknown_code_keeps_the_code():
+    err = errors.error_for_code(grpc.StatusCode.ABORTED, "aborted")
+    assert err.code is grpc.StatusCode.ABORTED
+    assert isinstance(err, errors.MCPError)
+
+
+def test_only_unavailable_and_deadline_are_retryable():
+    retryable = {c for c in errors.CODE_TO_ERROR.values() if c.retryable}
+    assert retryable == {errors.Unavailable, errors.DeadlineExceeded}
