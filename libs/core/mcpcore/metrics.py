@@ -1,0 +1,217 @@
+"""Prometheus metrics for every mcpmesh service: the standard names, and a ``/metrics`` server per process.
+
+Invariants:
+- Every metric lives on a ``CollectorRegistry`` the service object owns (never the global default), so a
+  test can build as many services as it likes in one process.
+- Names follow ``mcp_<what>_<unit>``: counters end in ``_total``, durations are ``_seconds``. Each standard
+  name, with its help text and labels, is defined once, in ``STANDARD`` below; a service that exports one of
+  them takes it from there, so the router and the health service never disagree on its labels.
+- Background loops catch, log, count (``mcp_loop_errors_total{loop}``) and continue.
+
+How a service defines its metrics (once, in one class)::
+
+    class WorkerMetrics(RequestMetrics):
+        def __init__(self, registry: CollectorRegistry) -> None:
+            super().__init__(registry)                      # common + request metrics
+            self.batch_size = self.standard("mcp_batch_size")
+            self.queue_depth = self.standard("mcp_queue_depth")
+            self.decrypt_seconds = self.histogram(          # service-specific: checked names
+                "mcp_model_decrypt_seconds", "Time to decrypt a model's weights.", ("model",)
+            )
+
+    metrics = WorkerMetrics(CollectorRegistry())
+    server, port = start_metrics_server(9110, registry=metrics.registry)
+    ...
+    server.stop()
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+__all__ = [
+    "DURATION_BUCKETS",
+    "STANDARD",
+    "CommonMetrics",
+    "MetricSpec",
+    "Metrics",
+    "MetricsServer",
+    "RequestMetrics",
+    "start_metrics_server",
+]
+
+#: Request latencies: 0.5 ms .. 10 s.
+DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: Fast local work such as applying a watch event to a snapshot: 50 µs .. 1 s.
+FAST_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+_NAME = re.compile(r"mcp_[a-z][a-z0-9_]*[a-z0-9]")
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    kind: type[Counter] | type[Gauge] | type[Histogram]
+    doc: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None
+
+
+_REQ = ("model", "version", "api_version", "outcome")
+_MV = ("model", "version")
+
+#: DESIGN §10's metrics (plus the ones the shipped alert rules need): name -> kind, help, labels.
+STANDARD: dict[str, MetricSpec] = {
+    "mcp_request_duration_seconds": MetricSpec(Histogram, "Request latency.", _REQ, DURATION_BUCKETS),
+    "mcp_requests_total": MetricSpec(Counter, "Requests answered, by outcome.", _REQ),
+    "mcp_request_errors_total": MetricSpec(Counter, "Failed requests by error class.", (*_MV, "class")),
+    "mcp_batch_size": MetricSpec(Histogram, "Requests per executed batch.", _MV, BATCH_SIZE_BUCKETS),
+    "mcp_batch_utilization_ratio": MetricSpec(
+        Histogram, "Batch size over max_batch_size, per executed batch.", _MV, RATIO_BUCKETS
+    ),
+    "mcp_queue_depth": MetricSpec(Gauge, "Requests waiting in the batching queue.", _MV),
+    "mcp_queue_delay_seconds": MetricSpec(
+        Histogram, "Time a request waited in the queue before its batch ran.", _MV, DURATION_BUCKETS
+    ),
+    "mcp_gpu_utilization_ratio": MetricSpec(Gauge, "GPU utilization, 0..1.", ("device_id",)),
+    "mcp_gpu_memory_used_bytes": MetricSpec(Gauge, "GPU memory in use.", ("device_id",)),
+    "mcp_model_cache_hits_total": MetricSpec(Counter, "Loads answered from models already held.", ("model",)),
+    "mcp_model_state": MetricSpec(
+        Gauge, "1 for a replica's current lifecycle state, 0 otherwise.", (*_MV, "worker", "state")
+    ),
+    "mcp_model_load_failures_total": MetricSpec(Counter, "Model loads that ended in ERROR.", _MV),
+    "mcp_breaker_level": MetricSpec(Gauge, "Circuit breaker level in force, 0 (closed) .. 3.", ("model",)),
+    "mcp_heartbeat_age_seconds": MetricSpec(Gauge, "Age of a worker's last load report.", ("worker",)),
+    "mcp_config_rejected_total": MetricSpec(
+        Counter, "Invalid operator-written values ignored (the last good value stays).", ("key",)
+    ),
+    "mcp_watch_apply_seconds": MetricSpec(
+        Histogram, "Time to apply a watch event to the local snapshot.", ("watch",), FAST_BUCKETS
+    ),
+    "mcp_loop_errors_total": MetricSpec(
+        Counter, "Errors caught by a background loop that went on.", ("loop",)
+    ),
+}
+
+
+class Metrics:
+    """Base of a service's metrics: creates checked metrics on the service's own registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+
+    def standard(self, name: str) -> Any:
+        """One of the ``STANDARD`` metrics, with its defined help and labels."""
+        spec = STANDARD[name]
+        extra = {"buckets": spec.buckets} if spec.buckets is not None else {}
+        return self._make(spec.kind, name, spec.doc, spec.labels, **extra)
+
+    def counter(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+        return self._make(Counter, name, doc, labels)
+
+    def gauge(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
+        return self._make(Gauge, name, doc, labels)
+
+    def histogram(
+        self, name: str, doc: str, labels: tuple[str, ...] = (), buckets: tuple[float, ...] = DURATION_BUCKETS
+    ) -> Histogram:
+        return self._make(Histogram, name, doc, labels, buckets=buckets)
+
+    def _make(self, kind: type[Any], name: str, doc: str, labels: tuple[str, ...], **kw: Any) -> Any:
+        if not _NAME.fullmatch(name):
+            raise ValueError(f"metric name {name!r}: must look like mcp_<what>_<unit> (lower case)")
+        if (kind is Counter) != name.endswith("_total"):
+            raise ValueError(f"metric name {name!r}: counters, and only counters, end in _total")
+        if name in STANDARD and (STANDARD[name].kind is not kind or STANDARD[name].labels != tuple(labels)):
+            raise ValueError(f"metric {name!r} is a standard metric: use standard({name!r})")
+        return kind(name, doc, labelnames=labels, registry=self.registry, **kw)
+
+
+class CommonMetrics(Metrics):
+    """What every service exports: rejected config values, watch apply times, background loop errors."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        super().__init__(registry)
+        self.config_rejected = self.standard("mcp_config_rejected_total")
+        self.watch_apply = self.standard("mcp_watch_apply_seconds")
+        self.loop_errors = self.standard("mcp_loop_errors_total")
+
+    def count_loop_error(self, loop: str) -> None:
+        self.loop_errors.labels(loop=loop).inc()
+
+    def count_config_rejected(self, key: str) -> None:
+        self.config_rejected.labels(key=key).inc()
+
+
+class RequestMetrics(CommonMetrics):
+    """Common metrics plus the request path's (router, worker)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        super().__init__(registry)
+        self.request_duration = self.standard("mcp_request_duration_seconds")
+        self.requests = self.standard("mcp_requests_total")
+        self.request_errors = self.standard("mcp_request_errors_total")
+
+    def observe_request(
+        self,
+        model: str,
+        version: str,
+        api_version: str,
+        outcome: str,
+        *,
+        seconds: float,
+        error_class: str | None = None,
+    ) -> None:
+        """Record one answered request; ``outcome`` is e.g. ``ok`` or a status name, ``error_class`` (for
+        failures) what the breaker counts by, e.g. ``timeout``, ``resource``, ``client``."""
+        self.request_duration.labels(model, version, api_version, outcome).observe(seconds)
+        self.requests.labels(model, version, api_version, outcome).inc()
+        if error_class is not None:
+            self.request_errors.labels(model, version, error_class).inc()
+
+
+class MetricsServer:
+    """A running ``/metrics`` HTTP server (prometheus_client's WSGI server in a daemon thread)."""
+
+    def __init__(self, httpd: Any, thread: threading.Thread) -> None:
+        self._httpd = httpd
+        self._thread = thread
+        self.host: str = httpd.server_address[0]
+        self.port: int = httpd.server_port
+        self._stopped = False
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop serving and close the listening socket; idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout)
+
+    def __enter__(self) -> MetricsServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_metrics_server(
+    port: int, host: str = "127.0.0.1", registry: CollectorRegistry | None = None
+) -> tuple[MetricsServer, int]:
+    """Serve ``registry`` (default: prometheus_client's global one) on ``http://host:port/metrics``.
+
+    Port 0 picks a free port; the second item is the port actually bound (DESIGN §13: router 9101,
+    scheduler 9102, health 9103, workers 9110+). Call ``server.stop()`` to close it.
+    """
+    httpd, thread = start_http_server(
+        port, addr=host, registry=registry if registry is not None else REGISTRY
+    )
+    server = MetricsServer(httpd, thread)
+    return server, server.port
