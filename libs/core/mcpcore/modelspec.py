@@ -1,0 +1,431 @@
+"""The ``model.yaml`` schema: one model version's I/O, backend, batching, QoS and layer graph.
+
+A model repository is ``<repo>/<model>/<version>/model.yaml`` plus its weights file; the model name and
+version come from the path. The demo MLP (DESIGN §13)::
+
+    backend: numpy
+    max_batch_size: 64
+    inputs:
+      - {name: INPUT0, dtype: FP32, shape: [-1, 64]}
+    outputs:
+      - {name: OUTPUT0, dtype: FP32, shape: [-1, 16]}
+    dynamic_batching:
+      max_queue_delay_us: 500
+      preferred_batch_sizes: [16, 32, 64]
+    weights: weights.safetensors
+    layers:
+      - {op: dense, in: 64, out: 256, weight: fc1.weight, bias: fc1.bias}
+      - {op: relu}
+      - {op: dense, in: 256, out: 16, weight: fc2.weight, bias: fc2.bias}
+
+Invariants:
+- A ``ModelConfig`` is valid once built: every rule below is checked in ``model_config_from_dict`` and every
+  violation is an ``InvalidArgument`` naming the key path, e.g.
+  ``model.yaml demo-mlp/1: dynamic_batching.max_queue_delay_us: must be >= 0, got -5``. Unknown keys are
+  errors. No I/O but ``load_model_yaml`` reading its one file; parsing the demo file takes well under 5 ms.
+- With ``max_batch_size > 0`` the first dim of every tensor is the batch dim and must be -1.
+- A layer graph (backends numpy and cuda) has one input and one output; its dense layers chain from the
+  input's last dim to the output's last dim; the other dims pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, NoReturn
+
+import yaml
+
+from mcpcore import dtypes
+from mcpcore.errors import InvalidArgument, NotFound
+from mcpcore.keys import NAME_RE, VERSION_RE
+
+__all__ = [
+    "BACKENDS",
+    "LAYER_OPS",
+    "DynamicBatching",
+    "Layer",
+    "ModelConfig",
+    "QoS",
+    "TensorSpec",
+    "load_model_yaml",
+    "model_config_from_dict",
+    "parse_model_yaml",
+]
+
+BACKENDS = ("numpy", "onnx", "cuda")
+LAYER_GRAPH_BACKENDS = ("numpy", "cuda")
+LAYER_OPS = ("dense", "relu", "gelu", "softmax", "layernorm", "sleep")
+DTYPES = tuple(sorted(dtypes.NAMES))
+_LAYER_GRAPH_DTYPES = ("FP16", "FP32", "FP64")
+_MAX_FILE_BYTES = 1 << 20
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # one of DTYPES
+    shape: tuple[int, ...]  # -1 = variable; the first dim is the batch dim when max_batch_size > 0
+
+    @property
+    def itemsize(self) -> int:
+        return dtypes.ITEMSIZE[self.dtype]
+
+
+@dataclass(frozen=True)
+class DynamicBatching:
+    max_queue_delay_us: int = 0
+    preferred_batch_sizes: tuple[int, ...] = ()  # sorted, each in 1..max_batch_size
+    priority_levels: int = 1  # level 1 is served first
+    default_priority_level: int = 1
+    default_queue_timeout_us: int = 0  # 0 = no timeout
+    max_queue_size: int = 0  # 0 = unbounded
+
+
+@dataclass(frozen=True)
+class QoS:
+    latency_sensitivity: float = 0.5  # 0 = throughput first, 1 = latency first
+    secondary_features: tuple[str, ...] = ()  # what breaker level 2 may switch off
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One step of a layer graph. ``in_dim``/``out_dim`` are YAML's ``in``/``out``; ``weight``/``bias``
+    name tensors in the weights file (dense: weight required; layernorm: optional scale and shift)."""
+
+    op: str  # one of LAYER_OPS
+    in_dim: int | None = None
+    out_dim: int | None = None
+    weight: str | None = None
+    bias: str | None = None
+    eps: float | None = None  # layernorm only; the backend's default when None
+    ms: float | None = None  # sleep only
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    version: str
+    backend: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    max_batch_size: int = 0
+    dynamic_batching: DynamicBatching | None = None
+    priority: int = 0
+    qos: QoS = field(default_factory=QoS)
+    memory_bytes: int = 0  # declared memory for placement; 0 = not declared
+    fallback_version: str | None = None
+    weights: str | None = None  # a file name in the version directory
+    encrypted: bool = False
+    key_id: str | None = None
+    layers: tuple[Layer, ...] = ()
+    instance_count: int = 1
+
+
+# --- validation helpers -----------------------------------------------------------------------------------
+
+
+class _Ctx:
+    """Where errors point: ``model.yaml <model>/<version>: <key path>: <what is wrong>``."""
+
+    def __init__(self, model: str, version: str) -> None:
+        self.where = f"model.yaml {model}/{version}"
+
+    def fail(self, path: str, msg: str) -> NoReturn:
+        raise InvalidArgument(f"{self.where}: {path or 'top level'}: {msg}")
+
+    def mapping(self, path: str, value: Any, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> Any:
+        if not isinstance(value, Mapping):
+            self.fail(path, f"expected a mapping, got {_show(value)}")
+        for key in value:
+            if key not in allowed:
+                close = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.5)
+                hint = f" (did you mean {close[0]!r}?)" if close else f"; allowed: {', '.join(allowed)}"
+                self.fail(_join(path, str(key)), f"unknown key{hint}")
+        for key in required:
+            if key not in value:
+                self.fail(_join(path, key), "required")
+        return value
+
+    def int_(self, path: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(path, f"expected an integer, got {_show(value)}")
+        if lo is not None and value < lo:
+            self.fail(path, f"must be >= {lo}, got {value}")
+        if hi is not None and value > hi:
+            self.fail(path, f"must be <= {hi}, got {value}")
+        return value
+
+    def float_(self, path: str, value: Any, lo: float, hi: float | None = None) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            self.fail(path, f"expected a finite number, got {_show(value)}")
+        if value < lo or (hi is not None and value > hi):
+            self.fail(path, f"must be in {lo}..{hi}, got {value}" if hi is not None else f"must be >= {lo}")
+        return float(value)
+
+    def bool_(self, path: str, value: Any) -> bool:
+        if not isinstance(value, bool):
+            self.fail(path, f"expected true or false, got {_show(value)}")
+        return value
+
+    def name(self, path: str, value: Any) -> str:
+        if not isinstance(value, str) or not NAME_RE.fullmatch(value):
+            self.fail(path, f"not a valid name: {_show(value)} (letters, digits, '_', '.', '-'; max 128)")
+        return value
+
+    def list_(self, path: str, value: Any) -> list[Any]:
+        if not isinstance(value, list):
+            self.fail(path, f"expected a list, got {_show(value)}")
+        return value
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, (Mapping, list)):
+        return type(value).__name__
+    return f"{type(value).__name__} {value!r}"
+
+
+# --- the schema --------------------------------------------------------------------------------------------
+
+_TOP_KEYS = tuple(f.name for f in fields(ModelConfig) if f.name != "version")  # version: from the path
+_BATCHING_KEYS = tuple(f.name for f in fields(DynamicBatching))
+_LAYER_KEYS = {"dense": ("op", "in", "out", "weight", "bias"), "relu": ("op",), "gelu": ("op",)}
+_LAYER_KEYS |= {"softmax": ("op",), "layernorm": ("op", "weight", "bias", "eps"), "sleep": ("op", "ms")}
+_ALL_LAYER_KEYS = tuple(dict.fromkeys(k for keys in _LAYER_KEYS.values() for k in keys))
+_LAYER_REQUIRED = {"dense": ("in", "out", "weight"), "sleep": ("ms",)}
+
+
+def _tensors(ctx: _Ctx, key: str, value: Any, max_batch_size: int) -> tuple[TensorSpec, ...]:
+    items = ctx.list_(key, value)
+    if not items:
+        ctx.fail(key, "must list at least one tensor")
+    out: list[TensorSpec] = []
+    for i, item in enumerate(items):
+        path = f"{key}[{i}]"
+        ctx.mapping(path, item, ("name", "dtype", "shape"), ("name", "dtype", "shape"))
+        name = ctx.name(f"{path}.name", item["name"])
+        if any(t.name == name for t in out):
+            ctx.fail(f"{path}.name", f"duplicate tensor name {name!r}")
+        dtype = item["dtype"]
+        if not isinstance(dtype, str) or dtype not in dtypes.NAMES:
+            ctx.fail(f"{path}.dtype", f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
+        dims = ctx.list_(f"{path}.shape", item["shape"])
+        shape = tuple(ctx.int_(f"{path}.shape[{j}]", d, lo=-1) for j, d in enumerate(dims))
+        if 0 in shape:
+            ctx.fail(f"{path}.shape", f"dims are -1 (variable) or >= 1, got {list(shape)}")
+        if max_batch_size > 0 and (not shape or shape[0] != -1):
+            ctx.fail(f"{path}.shape", f"the first dim is the batch dim and must be -1, got {list(shape)}")
+        out.append(TensorSpec(name, dtype, shape))
+    return tuple(out)
+
+
+def _batching(ctx: _Ctx, value: Any, max_batch_size: int) -> DynamicBatching:
+    p = "dynamic_batching"
+    ctx.mapping(p, value if value is not None else {}, _BATCHING_KEYS)
+    if max_batch_size == 0:
+        ctx.fail(p, "needs max_batch_size > 0")
+    d = DynamicBatching()
+    get = (value or {}).get
+    sizes = [
+        ctx.int_(f"{p}.preferred_batch_sizes[{i}]", s, lo=1, hi=max_batch_size)
+        for i, s in enumerate(ctx.list_(f"{p}.preferred_batch_sizes", get("preferred_batch_sizes", [])))
+    ]
+    if len(set(sizes)) != len(sizes):
+        ctx.fail(f"{p}.preferred_batch_sizes", f"duplicate sizes in {sizes}")
+    levels = ctx.int_(f"{p}.priority_levels", get("priority_levels", d.priority_levels), lo=1)
+    level = ctx.int_(f"{p}.default_priority_level", get("default_priority_level", 1), lo=1, hi=levels)
+    counts = ("max_queue_delay_us", "default_queue_timeout_us", "max_queue_size")  # 0 = none / unbounded
+    ints = {k: ctx.int_(f"{p}.{k}", get(k, getattr(d, k)), lo=0) for k in counts}
+    return DynamicBatching(
+        preferred_batch_sizes=tuple(sorted(sizes)),
+        priority_levels=levels,
+        default_priority_level=level,
+        **ints,
+    )
+
+
+def _qos(ctx: _Ctx, value: Any) -> QoS:
+    ctx.mapping("qos", value, ("latency_sensitivity", "secondary_features"))
+    features = ctx.list_("qos.secondary_features", value.get("secondary_features", []))
+    return QoS(
+        latency_sensitivity=ctx.float_(
+            "qos.latency_sensitivity", value.get("latency_sensitivity", 0.5), 0, 1
+        ),
+        secondary_features=tuple(ctx.name(f"qos.secondary_features[{i}]", f) for i, f in enumerate(features)),
+    )
+
+
+def _layer(ctx: _Ctx, path: str, item: Any) -> Layer:
+    ctx.mapping(path, item, _ALL_LAYER_KEYS, ("op",))
+    op = item["op"]
+    if not isinstance(op, str) or op not in _LAYER_KEYS:
+        ctx.fail(f"{path}.op", f"unknown layer op {op!r}; one of {', '.join(LAYER_OPS)}")
+    ctx.mapping(path, item, _LAYER_KEYS[op], _LAYER_REQUIRED.get(op, ()))
+    tensor = {k: ctx.name(f"{path}.{k}", item[k]) for k in ("weight", "bias") if k in item}
+    return Layer(
+        op=op,
+        in_dim=ctx.int_(f"{path}.in", item["in"], lo=1) if "in" in item else None,
+        out_dim=ctx.int_(f"{path}.out", item["out"], lo=1) if "out" in item else None,
+        weight=tensor.get("weight"),
+        bias=tensor.get("bias"),
+        eps=ctx.float_(f"{path}.eps", item["eps"], 0.0) if "eps" in item else None,
+        ms=ctx.float_(f"{path}.ms", item["ms"], 0.0) if "ms" in item else None,
+    )
+
+
+def _check_chain(ctx: _Ctx, layers: tuple[Layer, ...], src: TensorSpec, dst: TensorSpec) -> None:
+    """Dense dims chain from the input's last dim to the output's; every other op keeps the dim."""
+    for path, t in (("inputs[0]", src), ("outputs[0]", dst)):
+        if t.dtype not in _LAYER_GRAPH_DTYPES:
+            ctx.fail(
+                f"{path}.dtype", f"a layer graph computes in {'/'.join(_LAYER_GRAPH_DTYPES)}, got {t.dtype}"
+            )
+        if len(t.shape) < 1 or t.shape[-1] < 1:
+            ctx.fail(f"{path}.shape", f"a layer graph needs a fixed last dim, got {list(t.shape)}")
+    if src.shape[:-1] != dst.shape[:-1]:
+        ctx.fail("outputs[0].shape", f"must match the input's {list(src.shape[:-1])} in all but the last dim")
+    dim = src.shape[-1]
+    for i, layer in enumerate(layers):
+        if layer.op == "dense":
+            if layer.in_dim != dim:
+                ctx.fail(f"layers[{i}].in", f"{layer.in_dim} does not match the incoming dim {dim}")
+            dim = layer.out_dim  # type: ignore[assignment]  # required for dense
+    if dim != dst.shape[-1]:
+        ctx.fail(
+            "layers", f"the chain ends at dim {dim} but outputs[0] {dst.name} has last dim {dst.shape[-1]}"
+        )
+
+
+def _weights(ctx: _Ctx, data: Mapping[str, Any], backend: str, layers: tuple[Layer, ...]) -> tuple[Any, ...]:
+    weights = data.get("weights")
+    if weights is not None and (not isinstance(weights, str) or not NAME_RE.fullmatch(weights)):
+        ctx.fail("weights", f"must be a file name in the version directory, got {_show(weights)}")
+    encrypted = ctx.bool_("encrypted", data.get("encrypted", False))
+    key_id = data.get("key_id")
+    if encrypted:
+        if weights is None:
+            ctx.fail("weights", "required when encrypted: true")
+        if key_id is None:
+            ctx.fail("key_id", "required when encrypted: true")
+        ctx.name("key_id", key_id)
+    elif key_id is not None:
+        ctx.fail("key_id", "only allowed with encrypted: true")
+    elif weights is not None and weights.endswith(".enc"):
+        ctx.fail("encrypted", f"weights {weights!r} is encrypted (*.enc): set encrypted: true and key_id")
+    needs = backend == "onnx" or any(layer.weight for layer in layers)
+    if needs and weights is None:
+        ctx.fail("weights", f"required for backend {backend}" + (" with dense layers" if layers else ""))
+    return weights, encrypted, key_id
+
+
+def _layer_graph(
+    ctx: _Ctx,
+    data: Mapping[str, Any],
+    backend: str,
+    inputs: tuple[TensorSpec, ...],
+    outputs: tuple[TensorSpec, ...],
+) -> tuple[Layer, ...]:
+    if backend not in LAYER_GRAPH_BACKENDS:
+        if "layers" in data:
+            ctx.fail("layers", f"only for backends {' and '.join(LAYER_GRAPH_BACKENDS)}, not {backend}")
+        return ()
+    items = ctx.list_("layers", data.get("layers"))
+    if not items:
+        ctx.fail("layers", f"backend {backend} needs a non-empty layer list")
+    layers = tuple(_layer(ctx, f"layers[{i}]", item) for i, item in enumerate(items))
+    for path, tensors in (("inputs", inputs), ("outputs", outputs)):
+        if len(tensors) != 1:
+            ctx.fail(path, f"a layer graph has exactly one, got {len(tensors)}")
+    _check_chain(ctx, layers, inputs[0], outputs[0])
+    return layers
+
+
+def _fallback(ctx: _Ctx, value: Any, version: str) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)  # YAML reads `fallback_version: 1` as an int
+    if not isinstance(value, str) or not VERSION_RE.fullmatch(value):
+        ctx.fail("fallback_version", f"expected a positive integer version, got {_show(value)}")
+    if value == version:
+        ctx.fail("fallback_version", f"must differ from this version {version}")
+    return value
+
+
+def model_config_from_dict(data: Any, *, model: str, version: str) -> ModelConfig:
+    """Validate a parsed ``model.yaml`` (any mapping) for ``model``/``version`` and build its config."""
+    ctx = _Ctx(model, version)
+    if not NAME_RE.fullmatch(model):
+        ctx.fail("name", f"model directory name {model!r} is not a valid model name")
+    if not VERSION_RE.fullmatch(version):
+        ctx.fail("version", f"version directory {version!r} is not a positive integer")
+    ctx.mapping("", data, _TOP_KEYS, ("backend", "inputs", "outputs"))
+    if data.get("name", model) != model:
+        ctx.fail("name", f"{data['name']!r} differs from the directory name {model!r}")
+    backend = data["backend"]
+    if backend not in BACKENDS:
+        ctx.fail("backend", f"unknown backend {backend!r}; one of {', '.join(BACKENDS)}")
+    mbs = ctx.int_("max_batch_size", data.get("max_batch_size", 0), lo=0)
+    inputs = _tensors(ctx, "inputs", data["inputs"], mbs)
+    outputs = _tensors(ctx, "outputs", data["outputs"], mbs)
+    layers = _layer_graph(ctx, data, backend, inputs, outputs)
+    weights, encrypted, key_id = _weights(ctx, data, backend, layers)
+    batching = data.get("dynamic_batching")
+    return ModelConfig(
+        name=model,
+        version=version,
+        backend=backend,
+        inputs=inputs,
+        outputs=outputs,
+        max_batch_size=mbs,
+        dynamic_batching=_batching(ctx, batching, mbs) if "dynamic_batching" in data else None,
+        priority=ctx.int_("priority", data.get("priority", 0)),
+        qos=_qos(ctx, data["qos"]) if data.get("qos") is not None else QoS(),
+        memory_bytes=ctx.int_("memory_bytes", data.get("memory_bytes", 0), lo=0),
+        fallback_version=_fallback(ctx, data.get("fallback_version"), version),
+        weights=weights,
+        encrypted=encrypted,
+        key_id=key_id,
+        layers=layers,
+        instance_count=ctx.int_("instance_count", data.get("instance_count", 1), lo=1),
+    )
+
+
+def parse_model_yaml(text: str, *, model: str, version: str) -> ModelConfig:
+    """Parse and validate the text of ``<model>/<version>/model.yaml``."""
+    try:
+        data = yaml.load(text, Loader=_Loader)  # a safe loader (C or pure Python)
+    except yaml.YAMLError as err:
+        raise InvalidArgument(f"model.yaml {model}/{version}: not valid YAML: {err}") from None
+    return model_config_from_dict(data, model=model, version=version)
+
+
+def load_model_yaml(path: str | Path) -> ModelConfig:
+    """Load ``<repo>/<model>/<version>/model.yaml`` (or its version directory); model and version come from
+    the path. A missing file is ``NotFound``; anything wrong inside it is ``InvalidArgument``."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "model.yaml"
+    model, version = path.parent.parent.name, path.parent.name
+    try:
+        with path.open("rb") as f:
+            raw = f.read(_MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise NotFound(f"model.yaml {model}/{version}: no such file: {path}") from None
+    except OSError as err:
+        raise InvalidArgument(f"model.yaml {model}/{version}: cannot read {path}: {err.strerror}") from None
+    if len(raw) > _MAX_FILE_BYTES:
+        raise InvalidArgument(f"model.yaml {model}/{version}: larger than {_MAX_FILE_BYTES} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InvalidArgument(f"model.yaml {model}/{version}: not UTF-8: {err}") from None
+    return parse_model_yaml(text, model=model, version=version)
