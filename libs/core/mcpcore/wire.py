@@ -1,0 +1,180 @@
+"""The ZeroMQ tensor message format: ``[TensorHeader, tensor_0, tensor_1, ...]`` (DESIGN.md section 3).
+
+Invariants:
+- Tensor frames are raw, native-endian, row-major bytes. ``encode`` hands out the arrays' own buffers (send
+  them with ``copy=False``) and ``decode`` returns read-only ``np.frombuffer`` views of the received frames:
+  no copy either way. A non-contiguous array is the one case ``encode`` copies (it must).
+- ``decode`` trusts nothing: the header must parse, the frame count must equal the header's tensor count,
+  and each frame's length must equal its ``byte_size`` and ``prod(shape) * itemsize``. A violation raises
+  ``InvalidArgument`` (or ``ResourceExhausted`` past a size limit) naming the tensor, so a server answers it
+  with ``error_reply`` and never crashes.
+- This module does no I/O and imports no zmq: frames are anything with the buffer protocol, or objects with
+  a ``.buffer`` memoryview (``zmq.Frame``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from mcpapi.v2 import tensor_pb2
+from mcpcore import dtypes
+from mcpcore.errors import InvalidArgument, MCPError, ResourceExhausted, error_for_code
+from mcpcore.keys import NAME_RE
+
+__all__ = [
+    "FLAG_RETRYABLE",
+    "FLAG_SECONDARY_FEATURES_OFF",
+    "Limits",
+    "Message",
+    "decode",
+    "encode",
+    "error_reply",
+    "parse_header",
+    "raise_for_status",
+]
+
+TensorHeader = tensor_pb2.TensorHeader
+FLAG_SECONDARY_FEATURES_OFF = tensor_pb2.FLAG_SECONDARY_FEATURES_OFF
+FLAG_RETRYABLE = tensor_pb2.FLAG_RETRYABLE
+MiB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Size limits for one message; DESIGN.md keeps tensor frames at or below 16 MiB."""
+
+    max_header_bytes: int = 64 * 1024
+    max_tensors: int = 64
+    max_tensor_bytes: int = 16 * MiB
+    max_message_bytes: int = 64 * MiB
+
+
+DEFAULT_LIMITS = Limits()
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    header: tensor_pb2.TensorHeader
+    tensors: tuple[np.ndarray, ...]
+
+    def named(self) -> dict[str, np.ndarray]:
+        return {spec.name: arr for spec, arr in zip(self.header.tensors, self.tensors, strict=True)}
+
+
+def encode(
+    header: tensor_pb2.TensorHeader, tensors: Mapping[str, np.ndarray] | Sequence[tuple[str, np.ndarray]]
+) -> list[Any]:
+    """Fill ``header.tensors`` from ``tensors`` and return the frames, header first.
+
+    ``header`` is modified in place (its tensor list is replaced). Send the result with
+    ``socket.send_multipart(frames, copy=False)``.
+    """
+    items = list(tensors.items()) if isinstance(tensors, Mapping) else list(tensors)
+    del header.tensors[:]
+    frames: list[Any] = [b""]
+    for name, array in items:
+        arr = np.asarray(array)
+        if not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr)  # the one copy: the wire carries row-major bytes
+        spec = header.tensors.add()
+        spec.name = name
+        spec.dtype = dtypes.wire_value(dtypes.from_numpy(arr.dtype))
+        spec.shape.extend(arr.shape)
+        spec.byte_size = arr.nbytes
+        frames.append(arr.data if arr.ndim else arr.reshape(1).data)
+    frames[0] = header.SerializeToString()
+    return frames
+
+
+def _buffer(frame: Any) -> memoryview:
+    buf = getattr(frame, "buffer", None)
+    return buf if isinstance(buf, memoryview) else memoryview(frame)
+
+
+def parse_header(frame: Any, limits: Limits = DEFAULT_LIMITS) -> tensor_pb2.TensorHeader:
+    buf = _buffer(frame)
+    if buf.nbytes > limits.max_header_bytes:
+        raise ResourceExhausted(
+            f"header frame is {buf.nbytes} bytes, over the {limits.max_header_bytes}-byte limit"
+        )
+    header = tensor_pb2.TensorHeader()
+    try:
+        header.ParseFromString(buf)
+    except DecodeError as exc:
+        raise InvalidArgument(f"first frame is not a TensorHeader ({exc})") from exc
+    return header
+
+
+def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
+    """Validate a received multipart message and view its tensors without copying."""
+    if not frames:
+        raise InvalidArgument("empty message: expected [TensorHeader, tensor frames...]")
+    header = parse_header(frames[0], limits)
+    specs = header.tensors
+    if len(specs) > limits.max_tensors:
+        raise ResourceExhausted(
+            f"{len(specs)} tensors in one message, over the limit of {limits.max_tensors}"
+        )
+    if len(frames) - 1 != len(specs):
+        raise InvalidArgument(
+            f"header lists {len(specs)} tensor(s) but {len(frames) - 1} tensor frame(s) arrived"
+        )
+    total = 0
+    arrays = []
+    for spec, frame in zip(specs, frames[1:], strict=True):
+        buf = _buffer(frame)
+        total += buf.nbytes
+        if total > limits.max_message_bytes:
+            raise ResourceExhausted(f"message tensors exceed {limits.max_message_bytes} bytes in total")
+        arrays.append(_view(spec, buf, limits))
+    return Message(header, tuple(arrays))
+
+
+def _view(spec: tensor_pb2.TensorSpec, buf: memoryview, limits: Limits) -> np.ndarray:
+    if NAME_RE.fullmatch(spec.name) is None:
+        raise InvalidArgument(f"tensor name {spec.name!r} is not valid")
+    where = f"tensor {spec.name!r}"
+    if buf.nbytes > limits.max_tensor_bytes:
+        raise ResourceExhausted(
+            f"{where} is {buf.nbytes} bytes, over the {limits.max_tensor_bytes}-byte frame limit; "
+            "split the batch"
+        )
+    dtype = dtypes.numpy_dtype(dtypes.name_of(spec.dtype))
+    if any(d < 0 for d in spec.shape):
+        raise InvalidArgument(f"{where}: shape {list(spec.shape)} has a negative dimension")
+    expected = math.prod(spec.shape) * dtype.itemsize
+    if spec.byte_size != expected:
+        raise InvalidArgument(
+            f"{where}: byte_size {spec.byte_size} does not match shape {list(spec.shape)} of "
+            f"{dtypes.name_of(spec.dtype)} ({expected} bytes)"
+        )
+    if buf.nbytes != expected:
+        raise InvalidArgument(f"{where}: frame has {buf.nbytes} bytes but its header says {expected}")
+    return np.frombuffer(buf, dtype=dtype).reshape(tuple(spec.shape))
+
+
+def error_reply(
+    request: tensor_pb2.TensorHeader | None, error: MCPError, *, retryable: bool = False
+) -> bytes:
+    """The header frame answering ``request`` with ``error`` (the whole reply is this one frame)."""
+    reply = tensor_pb2.TensorHeader(kind=tensor_pb2.KIND_REPLY, status_code=error.code.value[0])
+    reply.status_message = error.message
+    if request is not None:
+        reply.request_id = request.request_id
+        reply.model = request.model
+        reply.version = request.version
+    if retryable:
+        reply.flags |= FLAG_RETRYABLE
+    return reply.SerializeToString()
+
+
+def raise_for_status(header: tensor_pb2.TensorHeader) -> None:
+    """Raise the reply's error (``errors.CODE_TO_ERROR``) when its status is not OK."""
+    if header.status_code != 0:
+        raise error_for_code(header.status_code, header.status_message or "worker returned an error")
