@@ -1,0 +1,246 @@
+"""The replica state machine (DESIGN.md section 5), persisted in the store by compare-and-swap.
+
+Rules (everything that decides a replica's state lives in this file):
+1. The planned path is ``TRANSITIONS``. ERROR is also reachable from every other state, because a failure
+   (a worker dies, a load or warm-up fails) can strike anywhere; it leaves ERROR only through RECOVERING.
+2. A transition runs the exit hooks of the old state, then the enter hooks of the new one, and only then
+   writes the new state. A hook that raises leaves the stored state as it was, and its error reaches the
+   caller (an ``MCPError`` as is; anything else as ``Internal`` naming the hook).
+3. The write is a transaction guarded by the record's mod revision: of two writers racing on one replica,
+   exactly one wins and the other gets ``FailedPrecondition``. Within one process an asyncio lock per
+   replica serialises transitions, so hooks of one replica never interleave.
+4. The stored value is JSON (``ReplicaRecord.to_json``); a value that does not parse is never overwritten
+   silently: reading it raises ``DataLoss`` naming the key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from mcpcore.errors import DataLoss, FailedPrecondition, Internal, MCPError, NotFound
+from mcpcore.keys import Keyspace, ReplicaId
+from mcpcore.store import Compare, Delete, Store
+
+__all__ = [
+    "TRANSITIONS",
+    "Hook",
+    "ReplicaLifecycle",
+    "ReplicaRecord",
+    "ReplicaState",
+    "Transition",
+    "check_transition",
+    "is_legal",
+]
+
+
+class ReplicaState(enum.Enum):
+    IDLE = "IDLE"
+    LOADING = "LOADING"
+    READY = "READY"
+    RUNNING = "RUNNING"
+    PAUSED = "PAUSED"
+    UNLOADING = "UNLOADING"
+    ERROR = "ERROR"
+    RECOVERING = "RECOVERING"
+
+
+S = ReplicaState
+TRANSITIONS: Mapping[ReplicaState, frozenset[ReplicaState]] = {
+    S.IDLE: frozenset({S.LOADING, S.ERROR}),
+    S.LOADING: frozenset({S.READY, S.ERROR}),
+    S.READY: frozenset({S.RUNNING, S.UNLOADING}),
+    S.RUNNING: frozenset({S.PAUSED, S.UNLOADING}),
+    S.PAUSED: frozenset({S.RUNNING, S.UNLOADING}),
+    S.UNLOADING: frozenset({S.IDLE, S.ERROR}),
+    S.ERROR: frozenset({S.RECOVERING}),
+    S.RECOVERING: frozenset({S.IDLE}),
+}
+
+
+def is_legal(src: ReplicaState, dst: ReplicaState) -> bool:
+    return dst in TRANSITIONS[src] or (dst is S.ERROR and src is not S.ERROR)
+
+
+def check_transition(src: ReplicaState, dst: ReplicaState, what: str = "replica") -> None:
+    if not is_legal(src, dst):
+        allowed = sorted(s.value for s in TRANSITIONS[src] | ({S.ERROR} if src is not S.ERROR else set()))
+        raise FailedPrecondition(
+            f"{what}: illegal transition {src.value} -> {dst.value}; from {src.value} it may go to "
+            f"{', '.join(allowed)}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    src: ReplicaState
+    dst: ReplicaState
+    at: float
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRecord:
+    """One replica's stored state. ``revision`` is the key's mod revision (not part of the JSON)."""
+
+    state: ReplicaState
+    since: float
+    reason: str = ""
+    history: tuple[Transition, ...] = ()
+    info: Mapping[str, Any] = field(default_factory=dict)
+    revision: int = 0
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "state": self.state.value,
+                "since": self.since,
+                "reason": self.reason,
+                "transitions": [
+                    {"from": t.src.value, "to": t.dst.value, "at": t.at, "reason": t.reason}
+                    for t in self.history
+                ],
+                "info": dict(self.info),
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes, *, revision: int, key: str) -> ReplicaRecord:
+        try:
+            doc = json.loads(raw)
+            history = tuple(
+                Transition(S(t["from"]), S(t["to"]), float(t["at"]), str(t.get("reason", "")))
+                for t in doc.get("transitions", ())
+            )
+            return cls(
+                state=S(doc["state"]),
+                since=float(doc["since"]),
+                reason=str(doc.get("reason", "")),
+                history=history,
+                info=dict(doc.get("info", {})),
+                revision=revision,
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise DataLoss(f"replica record at {key} is not valid ({exc!r}); fix or delete the key") from exc
+
+
+#: A hook gets the replica, the state it leaves and the state it enters.
+Hook = Callable[[ReplicaId, ReplicaState, ReplicaState], Awaitable[None]]
+
+
+class ReplicaLifecycle:
+    """Reads and moves replica states in the store; one instance per process is enough."""
+
+    def __init__(
+        self,
+        store: Store,
+        keys: Keyspace,
+        *,
+        clock: Callable[[], float] = time.time,
+        history: int = 8,
+    ) -> None:
+        self._store = store
+        self._keys = keys
+        self._clock = clock
+        self._history = history
+        self._enter: dict[ReplicaState, list[Hook]] = {s: [] for s in ReplicaState}
+        self._exit: dict[ReplicaState, list[Hook]] = {s: [] for s in ReplicaState}
+        self._locks: dict[ReplicaId, asyncio.Lock] = {}
+
+    def on_enter(self, state: ReplicaState, hook: Hook) -> None:
+        self._enter[state].append(hook)
+
+    def on_exit(self, state: ReplicaState, hook: Hook) -> None:
+        self._exit[state].append(hook)
+
+    async def get(self, rid: ReplicaId) -> ReplicaRecord | None:
+        key = self._keys.replica_key(rid)
+        kv = await self._store.get(key)
+        return None if kv is None else ReplicaRecord.from_json(kv.value, revision=kv.mod_revision, key=key)
+
+    async def create(
+        self, rid: ReplicaId, *, reason: str = "", info: Mapping[str, Any] | None = None
+    ) -> ReplicaRecord:
+        """Record a new replica in IDLE; ``FailedPrecondition`` if it already exists."""
+        async with self._lock(rid):
+            record = ReplicaRecord(S.IDLE, self._clock(), reason, info=dict(info or {}))
+            return await self._write(rid, record, expected_revision=0)
+
+    async def transition(
+        self,
+        rid: ReplicaId,
+        dst: ReplicaState,
+        *,
+        reason: str = "",
+        expected_revision: int | None = None,
+        info: Mapping[str, Any] | None = None,
+    ) -> ReplicaRecord:
+        """Move ``rid`` to ``dst`` (rules 1-3 above). ``expected_revision`` pins the record the caller saw;
+        ``info`` entries are merged into the record's info."""
+        async with self._lock(rid):
+            current = await self.get(rid)
+            if current is None:
+                raise NotFound(f"replica {rid} does not exist")
+            if expected_revision is not None and current.revision != expected_revision:
+                raise self._conflict(rid, expected_revision)
+            check_transition(current.state, dst, f"replica {rid}")
+            await self._run_hooks(rid, current.state, dst)
+            now = self._clock()
+            step = Transition(current.state, dst, now, reason)
+            record = replace(
+                current,
+                state=dst,
+                since=now,
+                reason=reason,
+                history=(*current.history, step)[-self._history :],
+                info={**current.info, **(info or {})},
+            )
+            return await self._write(rid, record, expected_revision=current.revision)
+
+    async def remove(self, rid: ReplicaId, *, expected_revision: int) -> None:
+        """Delete the record if it is still at ``expected_revision`` (a replica gone for good)."""
+        key = self._keys.replica_key(rid)
+        result = await self._store.txn([Compare(key, expected_revision)], [Delete(key)])
+        if not result.succeeded:
+            raise self._conflict(rid, expected_revision)
+
+    async def _run_hooks(self, rid: ReplicaId, src: ReplicaState, dst: ReplicaState) -> None:
+        for hook in (*self._exit[src], *self._enter[dst]):
+            try:
+                await hook(rid, src, dst)
+            except MCPError:
+                raise
+            except Exception as exc:
+                name = getattr(hook, "__qualname__", repr(hook))
+                raise Internal(
+                    f"replica {rid}: hook {name} failed on {src.value} -> {dst.value}: {exc!r}; "
+                    f"state stays {src.value}"
+                ) from exc
+
+    async def _write(self, rid: ReplicaId, record: ReplicaRecord, *, expected_revision: int) -> ReplicaRecord:
+        key = self._keys.replica_key(rid)
+        result = await self._store.compare_and_put(key, record.to_json(), mod_revision=expected_revision)
+        if not result.succeeded:
+            raise self._conflict(rid, expected_revision)
+        return replace(record, revision=result.revision)
+
+    @staticmethod
+    def _conflict(rid: ReplicaId, expected_revision: int) -> FailedPrecondition:
+        if expected_revision == 0:
+            return FailedPrecondition(f"replica {rid} already exists")
+        return FailedPrecondition(
+            f"replica {rid} was changed by another writer (expected revision {expected_revision}); "
+            "re-read it and retry"
+        )
+
+    def _lock(self, rid: ReplicaId) -> asyncio.Lock:
+        lock = self._locks.get(rid)
+        if lock is None:
+            lock = self._locks[rid] = asyncio.Lock()
+        return lock
