@@ -174,30 +174,24 @@ class _SyncInterceptor(grpc.ServerInterceptor):
         method = handler_call_details.method
 
         def wrap(behavior: Any, streaming: bool) -> Any:
-            def guarded(request: Any, context: grpc.ServicerContext) -> Any:
-                try:
-                    result = behavior(request, context)
-                    if streaming:
-                        yield from result
-                        return None
-                    return result
-                except Exception as exc:
-                    if context.code() not in (None, grpc.StatusCode.OK):
-                        raise  # the handler aborted by itself
-                    context.abort(*_status_for(exc, method))
+            def fail(exc: Exception, context: grpc.ServicerContext) -> None:
+                if context.code() not in (None, grpc.StatusCode.OK):
+                    raise exc  # the handler aborted by itself
+                context.abort(*_status_for(exc, method))
 
-            if streaming:
-                return guarded
+            def stream(request: Any, context: grpc.ServicerContext) -> Any:
+                try:
+                    yield from behavior(request, context)
+                except Exception as exc:
+                    fail(exc, context)
 
             def unary(request: Any, context: grpc.ServicerContext) -> Any:
                 try:
                     return behavior(request, context)
                 except Exception as exc:
-                    if context.code() not in (None, grpc.StatusCode.OK):
-                        raise
-                    context.abort(*_status_for(exc, method))
+                    fail(exc, context)
 
-            return unary
+            return stream if streaming else unary
 
         return _rewrap(handler, wrap)
 
