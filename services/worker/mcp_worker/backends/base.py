@@ -1,0 +1,175 @@
+"""The backend interface: one loaded model version that turns input tensors into output tensors.
+
+A backend is built from the version's ``ModelConfig`` and its weights bytes, already decrypted, in memory;
+it never reads files. ``infer`` is blocking and runs on an executor thread, off the event loop.
+
+Invariants:
+- ``infer`` checks its inputs against ``config.inputs`` before running anything: a wrong name, dtype, rank
+  or fixed dim is an ``InvalidArgument`` naming the tensor, what was expected and what came.
+- Every failure is an ``MCPError``: a fault inside execution becomes ``Internal`` with a short message (the
+  traceback goes to the log), never a raw exception.
+- A loaded backend is immutable, so concurrent ``infer`` calls are safe; after ``close`` it answers
+  ``FailedPrecondition``.
+- Backend modules are imported only when a model asks for them (``create_backend``), so a worker without
+  onnxruntime still serves layer-graph models.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+import logging
+from collections.abc import Mapping
+from typing import ClassVar
+
+import numpy as np
+
+from mcpcore import dtypes
+from mcpcore.errors import FailedPrecondition, Internal, InvalidArgument, MCPError
+from mcpcore.modelspec import ModelConfig, TensorSpec
+
+__all__ = ["BACKEND_CLASSES", "Backend", "backend_class", "create_backend", "short_error"]
+
+log = logging.getLogger(__name__)
+
+#: ``config.backend`` -> ``module:Class``, imported on first use.
+BACKEND_CLASSES: dict[str, str] = {
+    "numpy": "mcp_worker.backends.numpy_backend:NumpyBackend",
+    "onnx": "mcp_worker.backends.onnx_backend:OnnxBackend",
+}
+_NOT_BUILT = {"cuda": "the cuda backend is not built yet; serve this model with backend numpy or onnx"}
+_MAX_DETAIL = 300
+
+
+class Backend(abc.ABC):
+    """One model version, loaded and ready to run. Subclasses implement ``_run`` and ``_release``."""
+
+    name: ClassVar[str]
+
+    def __init__(self, config: ModelConfig, weights: bytes | None) -> None:
+        self.config = config
+        self.memory_bytes = 0  # measured bytes held once loaded; set by the subclass
+        self._closed = False
+        self._where = f"model {config.name}/{config.version} ({self.name} backend)"
+        self._dtypes = {spec.name: dtypes.numpy_dtype(spec.dtype) for spec in config.inputs}
+
+    @classmethod
+    def available(cls) -> tuple[bool, str]:
+        """Whether this backend can run here, and why not when it cannot."""
+        return True, ""
+
+    def infer(
+        self, inputs: Mapping[str, np.ndarray], *, secondary_features: bool = True
+    ) -> dict[str, np.ndarray]:
+        """Run one batch. ``secondary_features=False`` is breaker level 2: skip what qos lists as optional."""
+        if self._closed:
+            raise FailedPrecondition(f"{self._where} is closed")
+        self.check_inputs(inputs)
+        try:
+            return self._run(inputs, secondary_features=secondary_features)
+        except MCPError:
+            raise
+        except Exception as err:
+            log.exception("%s: inference failed", self._where)
+            raise Internal(f"{self._where}: inference failed: {short_error(err)}") from None
+
+    def warmup(self) -> None:
+        """One run on zeros with batch 1 (every variable dim 1), so the first real request is not slow."""
+        self.infer({s.name: np.zeros(_warmup_shape(s), self._dtypes[s.name]) for s in self.config.inputs})
+
+    def close(self) -> None:
+        """Release everything; idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._release()
+            self.memory_bytes = 0
+
+    def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
+        """Raise ``InvalidArgument`` unless ``inputs`` are exactly the configured tensors, well shaped."""
+        expected = [s.name for s in self.config.inputs]
+        missing = [n for n in expected if n not in inputs]
+        extra = sorted(n for n in inputs if n not in self._dtypes)
+        if missing or extra:
+            parts = [f"missing {missing}" if missing else "", f"unexpected {extra}" if extra else ""]
+            raise InvalidArgument(
+                f"{self._where}: expects inputs {expected}: {', '.join(p for p in parts if p)}"
+            )
+        batch: tuple[str, int] | None = None
+        for spec in self.config.inputs:
+            dim0 = self._check_tensor(spec, inputs[spec.name])
+            if dim0 is not None:
+                if batch is not None and dim0 != batch[1]:
+                    raise InvalidArgument(
+                        f"{self._where}: input {spec.name} has batch size {dim0}"
+                        f" but {batch[0]} has {batch[1]}"
+                    )
+                batch = batch or (spec.name, dim0)
+
+    def _check_tensor(self, spec: TensorSpec, array: object) -> int | None:
+        """Check one input; return its batch size when the model batches."""
+        what = f"{self._where}: input {spec.name}"
+        if not isinstance(array, np.ndarray):
+            raise InvalidArgument(f"{what}: expected a numpy array, got {type(array).__name__}")
+        if array.dtype != self._dtypes[spec.name]:
+            got = _dtype_name(array.dtype)
+            raise InvalidArgument(f"{what}: expected dtype {spec.dtype}, got {got}")
+        if array.ndim != len(spec.shape) or any(
+            want not in (-1, got) for want, got in zip(spec.shape, array.shape, strict=True)
+        ):
+            raise InvalidArgument(f"{what}: expected shape {list(spec.shape)}, got {list(array.shape)}")
+        mbs = self.config.max_batch_size
+        if mbs <= 0:
+            return None
+        if not 1 <= array.shape[0] <= mbs:
+            raise InvalidArgument(f"{what}: batch size {array.shape[0]} is outside 1..{mbs}")
+        return int(array.shape[0])
+
+    @abc.abstractmethod
+    def _run(self, inputs: Mapping[str, np.ndarray], *, secondary_features: bool) -> dict[str, np.ndarray]:
+        """Execute on checked inputs. Must be safe to call from several threads at once."""
+
+    @abc.abstractmethod
+    def _release(self) -> None:
+        """Drop the weights, sessions and buffers this backend holds."""
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The class for ``config.backend`` (importing its module); errors say what to do instead."""
+    if name in _NOT_BUILT:
+        raise FailedPrecondition(_NOT_BUILT[name])
+    target = BACKEND_CLASSES.get(name)
+    if target is None:
+        known = ", ".join(sorted([*BACKEND_CLASSES, *_NOT_BUILT]))
+        raise InvalidArgument(f"unknown backend {name!r}; one of {known}")
+    module, _, attr = target.partition(":")
+    cls: type[Backend] = getattr(importlib.import_module(module), attr)
+    return cls
+
+
+def create_backend(config: ModelConfig, weights: bytes | None) -> Backend:
+    """Load ``config``'s model from its (decrypted) weights bytes with the backend it names."""
+    cls = backend_class(config.backend)
+    ok, reason = cls.available()
+    if not ok:
+        raise FailedPrecondition(
+            f"model {config.name}/{config.version}: backend {config.backend} is unavailable: {reason}"
+        )
+    return cls(config, weights)
+
+
+def _warmup_shape(spec: TensorSpec) -> tuple[int, ...]:
+    return tuple(1 if d == -1 else d for d in spec.shape)
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    try:
+        return dtypes.from_numpy(dtype)
+    except InvalidArgument:
+        return f"numpy {dtype}"
+
+
+def short_error(err: BaseException) -> str:
+    """One line of an exception for a caller: its type and first line, bounded."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    text = f"{type(err).__name__}: {text}" if text else type(err).__name__
+    return text if len(text) <= _MAX_DETAIL else text[: _MAX_DETAIL - 3] + "..."

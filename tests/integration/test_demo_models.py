@@ -1,0 +1,147 @@
+"""The demo repository from ``tools/make_models.py``: deterministic, valid model.yaml files, and the numpy and
+onnx backends agreeing on the same MLP (DESIGN §13)."""
+
+from __future__ import annotations
+
+import importlib.util
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+from mcp_worker.backends import Backend, create_backend
+from mcpcore.crypto import Keyring, decrypt_file
+from mcpcore.modelspec import ModelConfig, TensorSpec, load_model_yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tools" / "make_models.py"
+VERSIONS = ("demo-mlp/1", "demo-mlp/2", "demo-onnx/1", "demo-onnx/2", "demo-mlp-enc/1", "demo-slow/1")
+
+
+def _load_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("make_models", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+make_models = _load_script()
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("models")
+    make_models.make_models(out)
+    return out
+
+
+def _load(repo: Path, version: str) -> tuple[ModelConfig, Backend]:
+    config = load_model_yaml(repo / version / "model.yaml")
+    path = repo / version / config.weights  # type: ignore[operator]
+    if config.encrypted:
+        keyring = Keyring.load(repo / make_models.KEYRING)
+        weights = decrypt_file(path, keyring=keyring, model=config.name, version=config.version)
+    else:
+        weights = path.read_bytes()
+    return config, create_backend(config, weights)
+
+
+def _x(batch: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((batch, 64)).astype(np.float32)
+
+
+def test_builds_are_byte_for_byte_identical(repo: Path, tmp_path: Path) -> None:
+    digests = make_models.make_models(tmp_path)
+    files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert files == sorted(digests)
+    assert set(make_models.ENCRYPTED_FILES) < set(files)
+    for rel in files:
+        if rel not in make_models.ENCRYPTED_FILES:  # a fresh random GCM nonce per encryption, by design
+            assert (tmp_path / rel).read_bytes() == (repo / rel).read_bytes(), rel
+
+
+def test_every_model_yaml_validates_with_the_demo_names(repo: Path) -> None:
+    for version in VERSIONS:
+        config = load_model_yaml(repo / version / "model.yaml")
+        assert f"{config.name}/{config.version}" == version
+        assert config.inputs == (TensorSpec("INPUT0", "FP32", (-1, 64)),)
+        assert config.outputs == (TensorSpec("OUTPUT0", "FP32", (-1, 16)),)
+        assert config.dynamic_batching is not None and config.dynamic_batching.max_queue_size == 1024
+        assert config.memory_bytes > 0
+    slow = load_model_yaml(repo / "demo-slow/1")
+    assert slow.max_batch_size == 8 and slow.layers[0].op == "sleep" and slow.layers[0].ms == 50
+    enc = load_model_yaml(repo / "demo-mlp-enc/1")
+    assert enc.encrypted and enc.key_id == "demo-key" and enc.weights == "weights.safetensors.enc"
+    assert load_model_yaml(repo / "demo-onnx/2").fallback_version == "1"
+
+
+@pytest.mark.parametrize("version", ["1", "2"])
+def test_numpy_and_onnx_agree(repo: Path, version: str) -> None:
+    _, mlp = _load(repo, f"demo-mlp/{version}")
+    _, onnx = _load(repo, f"demo-onnx/{version}")
+    for batch in (1, 7, 64):
+        x = _x(batch, seed=batch)
+        got_numpy, got_onnx = mlp.infer({"INPUT0": x}), onnx.infer({"INPUT0": x})
+        assert got_numpy["OUTPUT0"].shape == (batch, 16) and got_numpy["OUTPUT0"].dtype == np.float32
+        np.testing.assert_allclose(got_onnx["OUTPUT0"], got_numpy["OUTPUT0"], rtol=1e-5, atol=1e-5)
+
+
+def test_versions_differ_and_memory_is_measured(repo: Path) -> None:
+    x = _x(7)
+    outs = {}
+    for version in ("demo-mlp/1", "demo-mlp/2", "demo-onnx/1"):
+        config, backend = _load(repo, version)
+        backend.warmup()
+        assert 0 < backend.memory_bytes <= config.memory_bytes
+        outs[version] = backend.infer({"INPUT0": x})["OUTPUT0"]
+        backend.close()
+    assert np.abs(outs["demo-mlp/1"] - outs["demo-mlp/2"]).max() > 0.1
+    assert np.abs(outs["demo-onnx/1"] - outs["demo-mlp/2"]).max() > 0.1
+
+
+def test_slow_and_encrypted_copies_compute_demo_mlp_1(repo: Path) -> None:
+    x = _x(8)
+    want = _load(repo, "demo-mlp/1")[1].infer({"INPUT0": x})["OUTPUT0"]
+    _, slow = _load(repo, "demo-slow/1")
+    start = time.perf_counter()
+    got = slow.infer({"INPUT0": x})["OUTPUT0"]
+    assert time.perf_counter() - start >= 0.05
+    np.testing.assert_array_equal(got, want)
+    _, enc = _load(repo, "demo-mlp-enc/1")
+    np.testing.assert_array_equal(enc.infer({"INPUT0": x})["OUTPUT0"], want)
+
+
+def test_keyring_is_private_and_holds_the_demo_key(repo: Path) -> None:
+    path = repo / make_models.KEYRING
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert Keyring.load(path).get(make_models.DEMO_KEY_ID) == make_models.demo_key()
+
+
+def test_existing_models_need_force_and_other_files_survive(tmp_path: Path) -> None:
+    make_models.make_models(tmp_path)
+    (tmp_path / "my-model").mkdir()
+    (tmp_path / "my-model" / "keep.txt").write_text("mine")
+    (tmp_path / "demo-mlp" / "3").mkdir()
+    with pytest.raises(FileExistsError, match="--force"):
+        make_models.make_models(tmp_path)
+    make_models.make_models(tmp_path, force=True)
+    assert (tmp_path / "my-model" / "keep.txt").read_text() == "mine"
+    assert not (tmp_path / "demo-mlp" / "3").exists()
+
+
+def test_cli(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path)], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    assert "demo-onnx/1/model.onnx" in run.stdout
+    again = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path)], capture_output=True, text=True, check=False
+    )
+    assert again.returncode == 1 and "--force" in again.stderr
