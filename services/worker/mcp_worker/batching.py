@@ -1,0 +1,515 @@
+"""The worker's dynamic batcher: per-model queues, one dispatcher task, batches run on threads.
+
+Invariants:
+- Nothing busy-polls (DESIGN §11 item 5). One dispatcher task sleeps on an ``asyncio.Event`` (a submit, a
+  finished batch) or until the earliest ``BatchPolicy.next_wakeup()``; with every slot busy it wakes only
+  for a finished batch or a queue deadline.
+- ``run_batch`` never runs on the event loop: concatenation, the model and the split all run in the
+  executor, so the loop keeps serving while a batch computes. At most ``slots`` batches run at once.
+- When several models have a ready batch, a free slot goes to the one ``StrideScheduler`` picks with
+  weights from ``calculate_weights`` (DESIGN §6): every model keeps a share above zero.
+- Every admitted request is answered exactly once: its rows of the batch outputs, or an ``MCPError``
+  (the batch failed, its queue deadline passed, an emergency stop or shutdown). A cancelled submit leaves
+  the queue at once; if its batch already runs, its rows are dropped.
+- A model is forgotten only once its queued and in-flight requests are done (``remove_model``), so an
+  unload never fails a request that was admitted.
+
+Metrics stay decoupled: ``metrics`` is any object shaped like ``BatchMetrics`` (the worker passes its
+prometheus metrics); a missing attribute is skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+import numpy as np
+
+from mcp_worker.batch_policy import BatchConfig, BatchPolicy, Request
+from mcp_worker.sharing import ModelShare, StrideScheduler, calculate_weights
+from mcpcore.errors import (
+    DeadlineExceeded,
+    Internal,
+    InvalidArgument,
+    MCPError,
+    ResourceExhausted,
+    Unavailable,
+)
+
+__all__ = ["BatchConfig", "BatchMetrics", "Dispatcher", "ModelQueue", "QueueStats", "RunBatch"]
+
+log = logging.getLogger(__name__)
+
+Tensors = dict[str, np.ndarray]
+#: Runs one batch: blocking and thread-safe; inputs are concatenated along axis 0 when batching.
+RunBatch = Callable[[Tensors], Tensors]
+
+_RECENT = 128  # batches that QueueStats averages over
+_ERROR_BACKOFF_S = 0.05  # after an unexpected dispatcher error, so a persistent one cannot spin
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    queue_depth: int
+    in_flight: int
+    requests_total: int
+    batches_total: int
+    mean_batch_size: float  # requests per batch, over recent batches
+    batch_utilization: float  # rows / max_batch_size, over recent batches
+    mean_exec_s: float
+    mean_queue_s: float
+
+
+class BatchMetrics(Protocol):
+    """Prometheus metrics labelled ``(model, version)``; any of them may be missing or None."""
+
+    batch_size: Any  # histogram: requests per batch (mcp_batch_size)
+    batch_utilization: Any  # histogram: rows / max_batch_size (mcp_batch_utilization_ratio)
+    queue_depth: Any  # gauge (mcp_queue_depth)
+    queue_delay: Any  # histogram: seconds queued (mcp_queue_delay_seconds)
+
+
+class _BoundMetrics:
+    """The metrics' children for one (model, version), resolved once; missing ones are skipped."""
+
+    def __init__(self, metrics: BatchMetrics | None, model: str, version: str) -> None:
+        def child(attr: str) -> Any:
+            metric = getattr(metrics, attr, None)
+            return None if metric is None else metric.labels(model, version)
+
+        self.batch_size = child("batch_size")
+        self.batch_utilization = child("batch_utilization")
+        self.queue_depth = child("queue_depth")
+        self.queue_delay = child("queue_delay")
+
+    def observe_batch(self, waits: list[float], rows: int, max_batch_size: int) -> None:
+        if self.queue_delay is not None:
+            for w in waits:
+                self.queue_delay.observe(w)
+        if self.batch_size is not None:
+            self.batch_size.observe(len(waits))
+        if self.batch_utilization is not None and max_batch_size:
+            self.batch_utilization.observe(rows / max_batch_size)
+
+    def set_depth(self, depth: int) -> None:
+        if self.queue_depth is not None:
+            self.queue_depth.set(depth)
+
+
+@dataclass(eq=False, slots=True, kw_only=True)
+class _Pending(Request):
+    """A queued request with what the dispatcher needs to run and answer it."""
+
+    request_id: str
+    inputs: Tensors | None
+    future: asyncio.Future[Tensors]
+    timeout_s: float | None
+
+
+def _answer(req: _Pending, result: Tensors | BaseException) -> None:
+    if not req.future.done():  # a cancelled submit's future is done already
+        if isinstance(result, BaseException):
+            req.future.set_exception(result)
+        else:
+            req.future.set_result(result)
+    req.inputs = None  # the heap may hold the request a while: not its tensors
+
+
+def _split(outputs: object, rows: list[int] | None, key: str) -> list[Tensors]:
+    """Each request's rows of the batch outputs (views, no copies); ``rows`` None: one unbatched request."""
+    if not isinstance(outputs, Mapping):
+        raise Internal(f"model {key}: run_batch returned {type(outputs).__name__}, not a dict of arrays")
+    if rows is None:
+        return [dict(outputs)]
+    total = sum(rows)
+    for name, arr in outputs.items():
+        if not isinstance(arr, np.ndarray) or arr.ndim == 0 or arr.shape[0] != total:
+            got = arr.shape if isinstance(arr, np.ndarray) else type(arr).__name__
+            raise Internal(f"model {key}: output {name} is {got}, expected {total} rows for this batch")
+    bounds = list(itertools.accumulate(rows, initial=0))
+    return [{n: a[lo:hi] for n, a in outputs.items()} for lo, hi in itertools.pairwise(bounds)]
+
+
+class ModelQueue:
+    """One model version's queue on a ``Dispatcher`` (made by ``Dispatcher.add_model``)."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        key: str,
+        config: BatchConfig,
+        *,
+        run_batch: RunBatch,
+        share: ModelShare,
+        metrics: _BoundMetrics,
+    ) -> None:
+        self.key, self.config, self.share = key, config, share
+        self.policy = BatchPolicy.for_config(config)
+        self.closing = False  # being removed: admits nothing more
+        self.drained = asyncio.Event()  # set while nothing is queued or running
+        self.drained.set()
+        self._dispatcher, self._run_batch = dispatcher, run_batch
+        self._metrics = metrics
+        self._paused = False
+        self._in_flight = self._requests_total = self._batches_total = 0
+        self._recent: deque[tuple[int, int, float, float]] = deque(maxlen=_RECENT)
+
+    async def submit(
+        self,
+        request_id: str,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        priority: int | None = None,
+        timeout_s: float | None = None,
+    ) -> Tensors:
+        """Queue one request and wait for its outputs. ``priority`` is a level (1 is served first; default
+        from the config); ``timeout_s`` is how long it may wait in the queue (default from the config)."""
+        level = self._admit(priority)
+        rows, shape_key = self._describe(inputs)
+        timeout = self.config.default_queue_timeout_s if timeout_s is None else timeout_s
+        if timeout is not None and timeout <= 0:
+            raise DeadlineExceeded(f"request {request_id} reached the queue of {self.key} past its deadline")
+        now = self._dispatcher.clock()
+        deadline = None if timeout is None else now + timeout
+        future: asyncio.Future[Tensors] = asyncio.get_running_loop().create_future()
+        req = _Pending(
+            arrival=now,
+            level=level,
+            deadline=deadline,
+            rows=rows,
+            shape_key=shape_key,
+            request_id=request_id,
+            inputs=dict(inputs),
+            future=future,
+            timeout_s=timeout,
+        )
+        self.policy.push(req)
+        self._requests_total += 1
+        self.drained.clear()
+        self._left()
+        self._dispatcher.wake()
+        try:
+            return await future
+        except asyncio.CancelledError:  # the client is gone: free its place if it is still queued
+            if self.policy.remove(req):
+                self._left()
+            raise
+
+    def _admit(self, priority: int | None) -> int:
+        """The request's priority level, if this queue admits it now."""
+        if self._dispatcher.stop_reason is not None:
+            raise Unavailable(f"{self._dispatcher.stop_reason}; retry on another worker")
+        if self.closing:
+            raise Unavailable(f"model {self.key} is being unloaded; retry on another replica")
+        if self._paused:
+            raise Unavailable(f"model {self.key} is paused; retry later or on another replica")
+        levels = self.config.priority_levels
+        level = self.config.default_priority_level if priority is None else priority
+        if not 1 <= level <= levels:
+            raise InvalidArgument(f"priority level {level} is not in 1..{levels} for model {self.key}")
+        limit = self.config.max_queue_size
+        if limit and len(self.policy) >= limit:
+            raise ResourceExhausted(
+                f"the queue of model {self.key} is full (max_queue_size {limit} requests); "
+                "retry later or on another replica"
+            )
+        return level
+
+    def _describe(self, inputs: Mapping[str, np.ndarray]) -> tuple[int, Hashable]:
+        """(rows, shape key); checks what batching needs: arrays that agree on the batch dim."""
+        if not isinstance(inputs, Mapping) or not inputs:
+            raise InvalidArgument(f"a request to model {self.key} needs at least one input")
+        if not self.config.batched:
+            return 1, None
+        first = next(iter(inputs))
+        parts = []
+        for name, arr in inputs.items():
+            if not isinstance(arr, np.ndarray) or arr.ndim == 0:
+                raise InvalidArgument(f"input {name} of model {self.key}: needs an array with a batch dim")
+            if arr.shape[0] != inputs[first].shape[0]:
+                raise InvalidArgument(
+                    f"inputs of model {self.key} disagree on the batch dim: {first} has "
+                    f"{inputs[first].shape[0]} rows, {name} has {arr.shape[0]}"
+                )
+            parts.append((name, arr.dtype.str, arr.shape[1:]))
+        rows, mbs = inputs[first].shape[0], self.config.max_batch_size
+        if not 1 <= rows <= mbs:
+            raise InvalidArgument(
+                f"a request to model {self.key} has {rows} rows; it must have 1..{mbs} (max_batch_size)"
+            )
+        return rows, tuple(sorted(parts))
+
+    def pause(self) -> None:
+        """Refuse new requests (``Unavailable``); queued ones still run (drain)."""
+        self._paused = True
+
+    def resume(self) -> None:
+        self._paused = False
+
+    def set_batch_ratio(self, ratio: float) -> None:
+        """Scale the max batch size (breaker level 1: 0.5), at least 1; 1.0 restores it."""
+        if not 0 < ratio <= 1:
+            raise InvalidArgument(f"batch ratio for model {self.key} must be in (0, 1], got {ratio}")
+        if self.config.batched:
+            self.policy.set_max_batch_size(max(1, int(self.config.max_batch_size * ratio)))
+            self._dispatcher.wake()
+
+    def stats(self) -> QueueStats:
+        recent, mbs = list(self._recent), self.config.max_batch_size
+        n = len(recent) or 1
+        return QueueStats(
+            queue_depth=len(self.policy),
+            in_flight=self._in_flight,
+            requests_total=self._requests_total,
+            batches_total=self._batches_total,
+            mean_batch_size=sum(r[0] for r in recent) / n,
+            batch_utilization=sum(min(1.0, r[1] / mbs) if mbs else 1.0 for r in recent) / n,
+            mean_exec_s=sum(r[2] for r in recent) / n,
+            mean_queue_s=sum(r[3] for r in recent) / n,
+        )
+
+    # --- the dispatcher's side (on the event loop, except ``work``) -----------------------------------
+
+    def expire(self, now: float) -> None:
+        for req in self.policy.expire(now):
+            assert isinstance(req, _Pending)
+            waited, limit = _ms(now - req.arrival), _ms(req.timeout_s or 0.0)
+            where = f"in the queue of {self.key}, over its {limit} timeout"
+            _answer(req, DeadlineExceeded(f"request {req.request_id} waited {waited} {where}"))
+        self._left()
+
+    def fail_queued(self, error: MCPError) -> list[str]:
+        reqs = cast(list[_Pending], self.policy.clear())
+        for req in reqs:
+            _answer(req, error)
+        self._left()
+        return [r.request_id for r in reqs]
+
+    def begin(self, batch: list[_Pending], now: float) -> float:
+        """Account a batch that starts; returns its mean queue time."""
+        self._in_flight += len(batch)
+        waits = [now - r.arrival for r in batch]
+        self._metrics.observe_batch(waits, sum(r.rows for r in batch), self.config.max_batch_size)
+        self._left()
+        return sum(waits) / len(waits)
+
+    def finish(self, batch: list[_Pending], exec_s: float, queue_s: float) -> None:
+        self._in_flight -= len(batch)
+        self._batches_total += 1
+        self._recent.append((len(batch), sum(r.rows for r in batch), exec_s, queue_s))
+        self._left()
+
+    def work(self, batch: list[_Pending]) -> list[Tensors]:
+        """Runs in the executor: concatenate along axis 0, run, split the outputs back by rows."""
+        inputs = cast(list[Tensors], [r.inputs for r in batch])
+        if not self.config.batched:
+            return _split(self._run_batch(inputs[0]), None, self.key)
+        if len(batch) > 1:
+            inputs = [{n: np.concatenate([x[n] for x in inputs]) for n in inputs[0]}]
+        return _split(self._run_batch(inputs[0]), [r.rows for r in batch], self.key)
+
+    def batch_error(self, exc: Exception, size: int) -> MCPError:
+        if isinstance(exc, MCPError):
+            return exc
+        log.error("model %s: run_batch failed on a batch of %d requests", self.key, size, exc_info=exc)
+        return Internal(
+            f"model {self.key} failed on a batch of {size} requests ({type(exc).__name__}); "
+            "the worker log has the details"
+        )
+
+    def _left(self) -> None:
+        """After the queue or the running count changed: the depth gauge, and whether it drained."""
+        self._metrics.set_depth(len(self.policy))
+        if not len(self.policy) and not self._in_flight:
+            self.drained.set()
+
+
+class Dispatcher:
+    """Serves the model queues of one worker: ``slots`` batches at once, shared by weight."""
+
+    def __init__(
+        self,
+        *,
+        slots: int = 1,
+        executor: concurrent.futures.Executor | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        load_probe: Callable[[], float] | None = None,
+        metrics: BatchMetrics | None = None,
+    ) -> None:
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
+        self.slots, self.clock = slots, clock
+        self._own_executor = executor is None
+        self._executor = executor or concurrent.futures.ThreadPoolExecutor(slots, "mcp-batch")
+        self._load_probe, self._metrics = load_probe, metrics
+        self._models: dict[str, ModelQueue] = {}
+        self._stride = StrideScheduler()
+        self._busy = 0
+        self._running: dict[int, list[_Pending]] = {}
+        self._batch_ids = itertools.count()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()
+        self._serve_task: asyncio.Task[None] | None = None
+        self.stop_reason: str | None = None  # set: admits nothing more
+        self.last_active = 0.0  # wall time of the last finished batch
+
+    def add_model(
+        self,
+        key: str,
+        config: BatchConfig,
+        run_batch: RunBatch,
+        share: ModelShare,
+        *,
+        labels: tuple[str, str] | None = None,
+    ) -> ModelQueue:
+        """Serve ``key`` (``model/version``: the metric labels unless ``labels`` says otherwise)."""
+        if key in self._models:
+            raise ValueError(f"model {key} is already served by this dispatcher")
+        if labels is None:
+            model, slash, version = key.rpartition("/")
+            labels = (model, version) if slash else (key, "")
+        metrics = _BoundMetrics(self._metrics, *labels)
+        queue = ModelQueue(self, key, config, run_batch=run_batch, share=share, metrics=metrics)
+        self._models[key] = queue
+        return queue
+
+    async def remove_model(self, key: str) -> None:
+        """Stop admitting requests for ``key``, wait until its queued and running ones are done, forget it."""
+        queue = self._models.get(key)
+        if queue is None:
+            return
+        queue.closing = True
+        await queue.drained.wait()
+        if self._models.get(key) is queue:
+            del self._models[key]
+            self._stride.forget(key)
+
+    def emergency_stop(self, reason: str) -> list[str]:
+        """Admit nothing more; answer every queued request ``Unavailable`` (retryable) and return their ids.
+        Batches already running finish and answer normally."""
+        self.stop_reason = f"worker emergency stop: {reason}"
+        error = Unavailable(f"{self.stop_reason}; retry on another worker")
+        return [rid for queue in self._models.values() for rid in queue.fail_queued(error)]
+
+    def in_flight_ids(self) -> list[str]:
+        """Ids of the requests whose batch is running now."""
+        return [r.request_id for batch in self._running.values() for r in batch]
+
+    async def close(self) -> None:
+        """Answer queued requests ``Unavailable``, let running batches finish, stop the dispatcher task."""
+        if self.stop_reason is None:
+            self.stop_reason = "worker shutting down"
+        error = Unavailable(f"{self.stop_reason}; retry on another worker")
+        for queue in self._models.values():
+            queue.fail_queued(error)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._serve_task is not None:
+            self._serve_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._serve_task
+            self._serve_task = None
+        if self._own_executor:
+            self._executor.shutdown(wait=False)
+
+    def wake(self) -> None:
+        """Something changed (a request queued, a limit moved): let the dispatcher look again."""
+        if self._serve_task is None or self._serve_task.done():
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop yet: the first submit starts the dispatcher
+                return
+            self._serve_task = loop.create_task(self._serve(), name="mcp-batching")
+        self._wake.set()
+
+    # --- the dispatcher task --------------------------------------------------------------------------
+
+    async def _serve(self) -> None:
+        while True:
+            self._wake.clear()  # before looking: a wake-up during the step is not lost
+            try:
+                delay = self._step()
+            except Exception:
+                log.exception("batch dispatcher: unexpected error; continuing")
+                count = getattr(self._metrics, "count_loop_error", None)
+                if count is not None:
+                    count("batching")
+                delay = _ERROR_BACKOFF_S
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
+
+    def _step(self) -> float | None:
+        """Expire, start what free slots can take; returns how long to sleep (None: until woken)."""
+        now = self.clock()
+        for queue in self._models.values():
+            queue.expire(now)
+        while self._busy < self.slots:
+            ready = [key for key, queue in self._models.items() if queue.policy.ready(now)]
+            if not ready:
+                break
+            queue = self._models[self._choose(ready)]
+            batch = queue.policy.take_batch(now)
+            if not batch:
+                break
+            self._start(queue, batch, now)  # type: ignore[arg-type]
+        free = self._busy < self.slots  # no free slot: only deadlines (and finished batches) matter
+        times = [
+            t
+            for queue in self._models.values()
+            if (t := queue.policy.next_wakeup() if free else queue.policy.next_expiry()) is not None
+        ]
+        return max(0.0, min(times) - now) if times else None
+
+    def _choose(self, ready: list[str]) -> str:
+        load = self._busy / self.slots
+        if self._load_probe is not None:
+            try:
+                load = float(self._load_probe())
+            except Exception:
+                log.exception("batch dispatcher: load probe failed; using the busy slot fraction")
+        weights = calculate_weights([self._models[key].share for key in ready], load)
+        return self._stride.pick(ready, dict(zip(ready, weights, strict=True)))
+
+    def _start(self, queue: ModelQueue, batch: list[_Pending], now: float) -> None:
+        self._busy += 1
+        batch_id = next(self._batch_ids)
+        self._running[batch_id] = batch
+        queue_s = queue.begin(batch, now)
+        task = asyncio.get_running_loop().create_task(self._execute(batch_id, queue, batch, queue_s))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _execute(self, batch_id: int, queue: ModelQueue, batch: list[_Pending], queue_s: float) -> None:
+        started = time.perf_counter()
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(self._executor, queue.work, batch)
+        except asyncio.CancelledError:
+            for req in batch:
+                _answer(req, Unavailable(f"worker shutting down while running {queue.key}; retry"))
+            raise
+        except Exception as exc:
+            error = queue.batch_error(exc, len(batch))
+            for req in batch:
+                _answer(req, error)
+        else:
+            for req, out in zip(batch, results, strict=True):
+                _answer(req, out)
+        finally:
+            del self._running[batch_id]
+            self._busy -= 1
+            queue.finish(batch, time.perf_counter() - started, queue_s)
+            self.last_active = time.time()
+            self._wake.set()

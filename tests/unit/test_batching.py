@@ -1,0 +1,392 @@
+"""The dynamic batcher on a real event loop and a real thread pool, with tiny numpy models.
+
+Synchronization is by events: a ``Gate`` blocks ``run_batch`` in its thread until the test opens it, and
+tells the loop when it has started. The only real waits are for a max_queue_delay or a queue timeout to
+elapse (<= 20 ms).
+"""
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from mcp_worker.batching import BatchConfig, Dispatcher
+from mcp_worker.sharing import ModelShare
+from mcpcore.errors import DeadlineExceeded, Internal, InvalidArgument, ResourceExhausted, Unavailable
+
+SHARE = ModelShare(priority=1, latency_sensitivity=0.5)
+BLOCK = -1.0  # a request whose first value is BLOCK waits for the gate inside run_batch
+
+
+class Gate:
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.started = asyncio.Event()
+        self._open = threading.Event()
+
+    def block(self) -> None:  # in the executor thread
+        self._loop.call_soon_threadsafe(self.started.set)
+        if not self._open.wait(5):
+            raise TimeoutError("the test never opened the gate")
+
+    def open(self) -> None:
+        self._open.set()
+
+
+class Model:
+    """OUTPUT0 = 2 * INPUT0 + 1, row by row; records every batch it ran (its first column)."""
+
+    def __init__(self, name: str = "m", gate: Gate | None = None, log: list | None = None) -> None:
+        self.name, self.gate = name, gate
+        self.batches: list[list[float]] = []
+        self.log = log if log is not None else []
+
+    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        x = inputs["INPUT0"]
+        self.batches.append(x.reshape(len(x), -1)[:, 0].tolist())
+        self.log.append(self.name)
+        if self.gate is not None and x.flat[0] == BLOCK:
+            self.gate.block()
+        return {"OUTPUT0": x * 2 + 1}
+
+
+def cfg(max_batch_size: int = 64, delay: float = 0.0, **kw) -> BatchConfig:
+    return BatchConfig(max_batch_size=max_batch_size, max_queue_delay_s=delay, **kw)
+
+
+def row(value: float, width: int = 4, rows: int = 1, dtype=np.float32) -> dict[str, np.ndarray]:
+    return {"INPUT0": np.full((rows, width), value, dtype=dtype)}
+
+
+async def settle() -> None:
+    """Let every task created so far run up to its first wait (call_soon is FIFO)."""
+    await asyncio.sleep(0)
+
+
+@pytest.fixture
+async def make():
+    executor = ThreadPoolExecutor(max_workers=4)
+    made: list[Dispatcher] = []
+
+    def factory(**kw) -> Dispatcher:
+        made.append(Dispatcher(executor=executor, **kw))
+        return made[-1]
+
+    yield factory
+    for d in made:
+        await d.close()
+    executor.shutdown(wait=True)
+
+
+async def blocked(d: Dispatcher, queue, gate: Gate) -> asyncio.Task:
+    """Occupy the (single) slot with a batch held at the gate."""
+    task = asyncio.create_task(queue.submit("gate", row(BLOCK)))
+    await asyncio.wait_for(gate.started.wait(), 5)
+    assert d.in_flight_ids() == ["gate"]
+    return task
+
+
+async def test_concurrent_requests_batch_and_each_caller_gets_its_own_rows(make):
+    model = Model()
+    q = make().add_model("m/1", cfg(64, delay=0.005), model, SHARE)
+    inputs = [row(i, rows=1 + i % 3) for i in range(64)]
+    outs = await asyncio.gather(*(q.submit(f"r{i}", x) for i, x in enumerate(inputs)))
+    for x, out in zip(inputs, outs, strict=True):
+        np.testing.assert_array_equal(out["OUTPUT0"], model(x)["OUTPUT0"])
+    sizes = [len(b) for b in model.batches[:-64]]
+    assert max(sizes) > 1 and all(s <= 64 for s in sizes)
+    stats = q.stats()
+    assert stats.requests_total == 64 and stats.batches_total == len(sizes) < 64
+    assert stats.mean_batch_size > 1 and 0 < stats.batch_utilization <= 1
+    assert stats.queue_depth == 0 and stats.in_flight == 0
+
+
+async def test_flush_after_the_delay_when_fewer_than_max_arrive(make):
+    model = Model()
+    q = make().add_model("m/1", cfg(64, delay=0.015), model, SHARE)
+    started = time.monotonic()
+    await asyncio.gather(*(q.submit(f"r{i}", row(i)) for i in range(3)))
+    assert time.monotonic() - started >= 0.014
+    assert model.batches == [[0.0, 1.0, 2.0]]
+
+
+async def test_different_shapes_are_never_batched_together(make):
+    gate = Gate()
+    model = Model(gate=gate)
+    d = make()
+    q = d.add_model("m/1", cfg(64), model, SHARE)
+    first = await blocked(d, q, gate)
+    inputs = [row(1, 4), row(2, 8), row(3, 4, dtype=np.float64), row(4, 8), row(5, 4)]
+    tasks = [asyncio.create_task(q.submit(f"r{i}", x)) for i, x in enumerate(inputs)]
+    await settle()
+    gate.open()
+    outs = await asyncio.gather(first, *tasks)
+    assert model.batches[1:] == [[1.0, 5.0], [2.0, 4.0], [3.0]]
+    for x, out in zip(inputs, outs[1:], strict=True):
+        assert out["OUTPUT0"].shape == x["INPUT0"].shape and out["OUTPUT0"].dtype == x["INPUT0"].dtype
+
+
+async def test_priority_levels_are_served_in_order(make):
+    gate = Gate()
+    model = Model(gate=gate)
+    d = make()
+    q = d.add_model("m/1", cfg(1, priority_levels=3, default_priority_level=2), model, SHARE)
+    first = await blocked(d, q, gate)
+    tasks = [
+        asyncio.create_task(q.submit(name, row(value), priority=level))
+        for name, value, level in [("a", 3, 3), ("b", 2, None), ("c", 1, 1), ("d", 4, 3)]
+    ]
+    await settle()
+    gate.open()
+    await asyncio.gather(first, *tasks)
+    assert model.batches == [[BLOCK], [1.0], [2.0], [3.0], [4.0]]
+    with pytest.raises(InvalidArgument, match=r"priority level 4 is not in 1\.\.3"):
+        await q.submit("x", row(0), priority=4)
+
+
+async def test_full_queue_is_resource_exhausted(make):
+    gate = Gate()
+    d = make()
+    q = d.add_model("m/1", cfg(1, max_queue_size=2), Model(gate=gate), SHARE)
+    first = await blocked(d, q, gate)
+    tasks = [asyncio.create_task(q.submit(f"r{i}", row(i))) for i in range(2)]
+    await settle()
+    with pytest.raises(ResourceExhausted, match=r"queue of model m/1 is full \(max_queue_size 2"):
+        await q.submit("r2", row(2))
+    gate.open()
+    await asyncio.gather(first, *tasks)
+
+
+async def test_request_still_queued_at_its_timeout_is_deadline_exceeded(make):
+    gate = Gate()
+    d = make()
+    q = d.add_model("m/1", cfg(1, default_queue_timeout_s=5.0), Model(gate=gate), SHARE)
+    first = await blocked(d, q, gate)
+    ready = asyncio.create_task(q.submit("ready", row(2)))  # ready to run, but the only slot is busy
+    steps = 0
+    step = d._step
+
+    def counting_step():
+        nonlocal steps
+        steps += 1
+        return step()
+
+    d._step = counting_step
+    with pytest.raises(
+        DeadlineExceeded, match=r"waited [\d.]+ ms in the queue of m/1, over its 10 ms timeout"
+    ):
+        await q.submit("late", row(1), timeout_s=0.010)
+    assert steps <= 4  # woken by the submits and the deadline only: no polling while the slot is busy
+    assert q.stats().queue_depth == 1
+    with pytest.raises(DeadlineExceeded, match="past its deadline"):
+        await q.submit("dead", row(1), timeout_s=0.0)
+    gate.open()
+    await first
+    assert (await ready)["OUTPUT0"][0, 0] == 5.0
+
+
+async def test_pause_refuses_new_requests_but_drains_queued_ones(make):
+    gate = Gate()
+    d = make()
+    q = d.add_model("m/1", cfg(4), Model(gate=gate), SHARE)
+    first = await blocked(d, q, gate)
+    queued = asyncio.create_task(q.submit("queued", row(1)))
+    await settle()
+    q.pause()
+    with pytest.raises(Unavailable, match="model m/1 is paused"):
+        await q.submit("new", row(2))
+    gate.open()
+    await first
+    assert (await queued)["OUTPUT0"][0, 0] == 3.0
+    q.resume()
+    assert (await q.submit("after", row(2)))["OUTPUT0"][0, 0] == 5.0
+
+
+async def test_emergency_stop_answers_queued_requests_and_lets_running_ones_finish(make):
+    gate = Gate()
+    d = make()
+    q = d.add_model("m/1", cfg(1), Model(gate=gate), SHARE)
+    first = await blocked(d, q, gate)
+    tasks = [asyncio.create_task(q.submit(f"r{i}", row(i))) for i in range(3)]
+    await settle()
+    assert sorted(d.emergency_stop("GPU 0 lost")) == ["r0", "r1", "r2"]
+    assert d.in_flight_ids() == ["gate"]
+    for task in tasks:
+        with pytest.raises(
+            Unavailable, match="worker emergency stop: GPU 0 lost; retry on another worker"
+        ) as e:
+            await task
+        assert e.value.retryable
+    with pytest.raises(Unavailable, match="emergency stop"):
+        await q.submit("new", row(1))
+    gate.open()
+    assert (await first)["OUTPUT0"][0, 0] == -1.0
+    assert d.in_flight_ids() == [] and d.last_active > 0
+
+
+async def test_remove_model_waits_for_its_running_batch(make):
+    gate = Gate()
+    d = make()
+    q = d.add_model("m/1", cfg(1), Model(gate=gate), SHARE)
+    first = await blocked(d, q, gate)
+    removal = asyncio.create_task(d.remove_model("m/1"))
+    await settle()
+    assert not removal.done()
+    with pytest.raises(Unavailable, match="model m/1 is being unloaded"):
+        await q.submit("new", row(1))
+    gate.open()
+    await asyncio.wait_for(removal, 5)
+    assert first.done() and (first.result())["OUTPUT0"][0, 0] == -1.0
+    again = d.add_model("m/1", cfg(1), Model(), SHARE)  # forgotten: the key can be served anew
+    assert (await again.submit("r", row(1)))["OUTPUT0"][0, 0] == 3.0
+
+
+async def test_a_failing_batch_fails_only_its_own_requests(make):
+    def picky(inputs):
+        if (inputs["INPUT0"] < 0).any():
+            raise ValueError("negative input")
+        if (inputs["INPUT0"] > 100).any():
+            raise ResourceExhausted("GPU out of memory")
+        return {"OUTPUT0": inputs["INPUT0"] + 1}
+
+    q = make().add_model("m/1", cfg(1), picky, SHARE)
+    bad, oom, good = await asyncio.gather(
+        q.submit("bad", row(-5)), q.submit("oom", row(500)), q.submit("good", row(1)), return_exceptions=True
+    )
+    assert (
+        isinstance(bad, Internal) and "model m/1 failed on a batch of 1 requests (ValueError)" in bad.message
+    )
+    assert isinstance(oom, ResourceExhausted) and oom.message == "GPU out of memory"
+    assert good["OUTPUT0"][0, 0] == 2.0
+    assert (await q.submit("later", row(2)))["OUTPUT0"][0, 0] == 3.0
+
+
+async def test_wrong_outputs_are_internal_errors(make):
+    q = make().add_model("m/1", cfg(4), lambda x: {"OUTPUT0": np.zeros((7, 2))}, SHARE)
+    with pytest.raises(Internal, match="output OUTPUT0 is \\(7, 2\\), expected 1 rows"):
+        await q.submit("r", row(1))
+
+
+async def test_bad_requests_are_invalid_arguments(make):
+    q = make().add_model("m/1", cfg(4), Model(), SHARE)
+    with pytest.raises(InvalidArgument, match=r"has 5 rows; it must have 1\.\.4 \(max_batch_size\)"):
+        await q.submit("r", row(1, rows=5))
+    mismatch = {"INPUT0": np.zeros((2, 4)), "INPUT1": np.zeros((3, 4))}
+    with pytest.raises(InvalidArgument, match="disagree on the batch dim: INPUT0 has 2 rows, INPUT1 has 3"):
+        await q.submit("r", mismatch)
+    with pytest.raises(InvalidArgument, match="at least one input"):
+        await q.submit("r", {})
+
+
+async def test_without_batching_each_request_runs_alone_as_is(make):
+    seen = []
+
+    def run(inputs):
+        seen.append(inputs["INPUT0"].shape)
+        return {"OUTPUT0": inputs["INPUT0"].sum(keepdims=True)}
+
+    q = make().add_model("m/1", BatchConfig(max_batch_size=0), run, SHARE)
+    outs = await asyncio.gather(*(q.submit(f"r{i}", {"INPUT0": np.ones((i + 1, 3))}) for i in range(3)))
+    assert sorted(seen) == [(1, 3), (2, 3), (3, 3)]
+    assert [o["OUTPUT0"].item() for o in outs] == [3.0, 6.0, 9.0]
+
+
+async def test_breaker_ratio_halves_the_batch_size(make):
+    gate = Gate()
+    model = Model(gate=gate)
+    d = make()
+    q = d.add_model("m/1", cfg(8), model, SHARE)
+    first = await blocked(d, q, gate)
+    tasks = [asyncio.create_task(q.submit(f"r{i}", row(i))) for i in range(8)]
+    await settle()
+    q.set_batch_ratio(0.5)
+    gate.open()
+    await asyncio.gather(first, *tasks)
+    assert [len(b) for b in model.batches[1:]] == [4, 4]
+    with pytest.raises(InvalidArgument, match="batch ratio"):
+        q.set_batch_ratio(0.0)
+
+
+async def test_cancelled_submit_leaves_the_queue(make):
+    gate = Gate()
+    d = make()
+    q = d.add_model("m/1", cfg(1), Model(gate=gate), SHARE)
+    first = await blocked(d, q, gate)
+    task = asyncio.create_task(q.submit("gone", row(1)))
+    await settle()
+    assert q.stats().queue_depth == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert q.stats().queue_depth == 0
+    gate.open()
+    await first
+
+
+async def test_free_slots_go_to_models_by_weight(make):
+    gate, log = Gate(), []
+    d = make(slots=1)
+    g = d.add_model("g/1", cfg(1), Model("g", gate=gate, log=log), SHARE)
+    heavy = d.add_model("a/1", cfg(1), Model("a", log=log), ModelShare(3, 0.0))
+    light = d.add_model("b/1", cfg(1), Model("b", log=log), ModelShare(1, 0.0))
+    first = await blocked(d, g, gate)
+    tasks = [asyncio.create_task(q.submit(f"{q.key}-{i}", row(i))) for i in range(40) for q in (heavy, light)]
+    await settle()
+    gate.open()
+    await asyncio.gather(first, *tasks)
+    both_ready = log[1:41]  # while both queues still had requests
+    assert 25 <= both_ready.count("a") <= 34, both_ready  # weights ~0.74 : 0.26
+
+
+async def test_event_loop_stays_responsive_while_a_batch_runs(make):
+    gate = Gate()
+    d = make()
+    q = d.add_model("m/1", cfg(1), Model(gate=gate), SHARE)
+    first = await blocked(d, q, gate)
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        for _ in range(50):
+            ticks += 1
+            await asyncio.sleep(0)
+
+    await asyncio.wait_for(ticker(), 5)  # completes while run_batch is still held at the gate
+    assert ticks == 50 and not first.done()
+    gate.open()
+    await first
+
+
+async def test_metrics_are_observed_per_model(make):
+    class Child:
+        def __init__(self):
+            self.values = []
+
+        def observe(self, v):
+            self.values.append(v)
+
+        def set(self, v):
+            self.values.append(v)
+
+    class Family:
+        def __init__(self):
+            self.children = {}
+
+        def labels(self, *labels):
+            return self.children.setdefault(labels, Child())
+
+    class Metrics:  # the worker's prometheus metrics have this shape; queue_delay left out on purpose
+        batch_size = Family()
+        batch_utilization = Family()
+        queue_depth = Family()
+
+    m = Metrics()
+    q = make(metrics=m).add_model("demo-mlp/2", cfg(4, delay=0.005), Model(), SHARE)
+    await asyncio.gather(*(q.submit(f"r{i}", row(i)) for i in range(4)))
+    key = ("demo-mlp", "2")
+    assert m.batch_size.children[key].values == [4]
+    assert m.batch_utilization.children[key].values == [1.0]
+    assert m.queue_depth.children[key].values[-1] == 0
