@@ -167,3 +167,19 @@ async def test_remove_is_guarded_by_revision(lifecycle):
         await lifecycle.remove(RID, expected_revision=rec.revision)
     await lifecycle.remove(RID, expected_revision=moved.revision)
     assert await lifecycle.get(RID) is None
+
+
+async def test_publish_records_the_holders_truth_over_any_state(store, keys, lifecycle):
+    await lifecycle.create(RID)
+    for dst in (S.LOADING, S.READY, S.RUNNING, S.ERROR):
+        await lifecycle.transition(RID, dst, reason="worker lost")
+    rec = await lifecycle.publish(RID, S.RUNNING, reason="worker back", info={"endpoint": "e"})
+    assert rec.state is S.RUNNING and rec.info == {"endpoint": "e"}
+    assert rec.history[-1].reason == "re-sync: worker back"
+    again = await lifecycle.publish(RID, S.RUNNING, reason="worker back", info={"endpoint": "e"})
+    assert again.revision == rec.revision  # nothing to write
+
+
+async def test_publish_creates_a_missing_record(lifecycle):
+    rec = await lifecycle.publish(RID, S.PAUSED, reason="re-registered")
+    assert (await lifecycle.get(RID)).state is S.PAUSED and rec.history == ()

@@ -27,3 +27,21 @@ def test_unknown_code_keeps_the_code():
 def test_only_unavailable_and_deadline_are_retryable():
     retryable = {c for c in errors.CODE_TO_ERROR.values() if c.retryable}
     assert retryable == {errors.Unavailable, errors.DeadlineExceeded}
+
+
+@pytest.mark.parametrize(
+    ("err", "cls"),
+    [
+        (errors.DeadlineExceeded("x"), "timeout"),
+        (errors.ResourceExhausted("x"), "resource"),
+        (errors.Unavailable("x"), "unavailable"),
+        (errors.InvalidArgument("x"), "client"),
+        (errors.NotFound("x"), "client"),
+        (errors.Internal("x"), "backend"),
+        (errors.DataLoss("x"), "backend"),
+        (RuntimeError("x"), "backend"),
+    ],
+)
+def test_error_classes_for_the_breaker(err, cls):
+    assert errors.error_class(err) == cls
+    assert (cls in errors.SERVER_SIDE_CLASSES) == (cls != "client")

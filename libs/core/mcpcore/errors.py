@@ -20,6 +20,7 @@ import grpc.aio
 
 __all__ = [
     "CODE_TO_ERROR",
+    "SERVER_SIDE_CLASSES",
     "AlreadyExists",
     "DataLoss",
     "DeadlineExceeded",
@@ -32,6 +33,7 @@ __all__ = [
     "ResourceExhausted",
     "Unavailable",
     "aio_server_interceptor",
+    "error_class",
     "error_for_code",
     "from_rpc_error",
     "server_interceptor",
@@ -115,6 +117,28 @@ CODE_TO_ERROR: dict[grpc.StatusCode, type[MCPError]] = {
 _BY_VALUE: dict[int, grpc.StatusCode] = {c.value[0]: c for c in grpc.StatusCode}
 
 GENERIC_INTERNAL = "internal error; the server log has the details"
+
+
+#: Error classes the breaker counts by (DESIGN.md section 8): only server-side classes raise a breaker
+#: level; ``client`` errors (bad input, unknown model) never do.
+SERVER_SIDE_CLASSES = frozenset({"timeout", "resource", "backend", "unavailable"})
+_CLASS_OF_CODE = {
+    grpc.StatusCode.DEADLINE_EXCEEDED: "timeout",
+    grpc.StatusCode.RESOURCE_EXHAUSTED: "resource",
+    grpc.StatusCode.UNAVAILABLE: "unavailable",
+    grpc.StatusCode.INVALID_ARGUMENT: "client",
+    grpc.StatusCode.NOT_FOUND: "client",
+    grpc.StatusCode.ALREADY_EXISTS: "client",
+    grpc.StatusCode.FAILED_PRECONDITION: "client",
+    grpc.StatusCode.PERMISSION_DENIED: "client",
+    grpc.StatusCode.CANCELLED: "client",
+}
+
+
+def error_class(err: BaseException) -> str:
+    """The class an error is counted under: timeout, resource, unavailable, client or backend."""
+    code = err.code if isinstance(err, MCPError) else grpc.StatusCode.INTERNAL
+    return _CLASS_OF_CODE.get(code, "backend")
 
 
 def error_for_code(code: grpc.StatusCode | int, message: str) -> MCPError:

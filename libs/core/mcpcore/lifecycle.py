@@ -203,6 +203,34 @@ class ReplicaLifecycle:
             )
             return await self._write(rid, record, expected_revision=current.revision)
 
+    async def publish(
+        self, rid: ReplicaId, state: ReplicaState, *, reason: str, info: Mapping[str, Any] | None = None
+    ) -> ReplicaRecord:
+        """Record what the holder of a replica actually has, whatever the record says.
+
+        Not a transition (no hooks, no legality check): the re-sync path of a worker that lost etcd and
+        comes back, when others may have marked its replicas ERROR meanwhile. Still written by CAS: a
+        concurrent write is re-read and overwritten, never lost silently in between.
+        """
+        async with self._lock(rid):
+            for _ in range(5):
+                current = await self.get(rid)
+                merged = {**(current.info if current else {}), **(info or {})}
+                if current is not None and current.state is state and current.info == merged:
+                    return current
+                now = self._clock()
+                history = () if current is None else current.history
+                if current is not None:
+                    history = (*history, Transition(current.state, state, now, f"re-sync: {reason}"))
+                record = ReplicaRecord(state, now, reason, history=history[-self._history :], info=merged)
+                try:
+                    return await self._write(
+                        rid, record, expected_revision=current.revision if current else 0
+                    )
+                except FailedPrecondition:
+                    continue
+            raise FailedPrecondition(f"replica {rid}: could not re-sync its state; the record keeps changing")
+
     async def remove(self, rid: ReplicaId, *, expected_revision: int) -> None:
         """Delete the record if it is still at ``expected_revision`` (a replica gone for good)."""
         key = self._keys.replica_key(rid)

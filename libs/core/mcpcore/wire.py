@@ -37,6 +37,7 @@ __all__ = [
     "error_reply",
     "parse_header",
     "raise_for_status",
+    "tensors_of",
 ]
 
 TensorHeader = tensor_pb2.TensorHeader
@@ -116,24 +117,32 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
     if not frames:
         raise InvalidArgument("empty message: expected [TensorHeader, tensor frames...]")
     header = parse_header(frames[0], limits)
+    return Message(header, tensors_of(header, frames[1:], limits))
+
+
+def tensors_of(
+    header: tensor_pb2.TensorHeader, frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS
+) -> tuple[np.ndarray, ...]:
+    """The tensor frames checked against an already parsed header (so an error reply can name the
+    request)."""
     specs = header.tensors
     if len(specs) > limits.max_tensors:
         raise ResourceExhausted(
             f"{len(specs)} tensors in one message, over the limit of {limits.max_tensors}"
         )
-    if len(frames) - 1 != len(specs):
+    if len(frames) != len(specs):
         raise InvalidArgument(
-            f"header lists {len(specs)} tensor(s) but {len(frames) - 1} tensor frame(s) arrived"
+            f"header lists {len(specs)} tensor(s) but {len(frames)} tensor frame(s) arrived"
         )
     total = 0
     arrays = []
-    for spec, frame in zip(specs, frames[1:], strict=True):
+    for spec, frame in zip(specs, frames, strict=True):
         buf = _buffer(frame)
         total += buf.nbytes
         if total > limits.max_message_bytes:
             raise ResourceExhausted(f"message tensors exceed {limits.max_message_bytes} bytes in total")
         arrays.append(_view(spec, buf, limits))
-    return Message(header, tuple(arrays))
+    return tuple(arrays)
 
 
 def _view(spec: tensor_pb2.TensorSpec, buf: memoryview, limits: Limits) -> np.ndarray:

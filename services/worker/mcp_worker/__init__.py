@@ -1,1 +1,1 @@
-"""mcp_worker: not built yet (see the open issues)."""
+"""mcp_worker: runs models: repository, backends, dynamic batching, ZeroMQ tensor server, control API."""

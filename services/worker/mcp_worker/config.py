@@ -1,0 +1,85 @@
+"""The worker's configuration: one frozen dataclass, built once in ``__main__`` (flags > env > YAML).
+
+Env vars are ``MCP_WORKER_<FIELD>`` (``MCP_WORKER_ETCD_ENDPOINTS=127.0.0.1:2379``); the YAML file has the
+same field names. ``__post_init__`` checks what crosses fields, so a bad combination fails at start-up with
+the field named, never later on the request path.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+from mcpcore.errors import InvalidArgument
+from mcpcore.keys import check_name
+
+__all__ = ["WorkerConfig"]
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    #: Unique id of this worker in the mesh (etcd key ``/mcp/workers/<id>``).
+    worker_id: str = ""
+    #: Model repository: ``<repo>/<model>/<version>/model.yaml``.
+    repository: str = "models"
+    #: Keyring file for encrypted models (never stored in etcd, never logged).
+    keyring: str = ""
+    etcd_endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
+    etcd_prefix: str = "/mcp"
+    #: Seconds an etcd call may take.
+    etcd_timeout_s: float = 5.0
+    #: Where the control gRPC API listens (port 0: pick a free one and publish it).
+    grpc_host: str = "127.0.0.1"
+    grpc_port: int = 0
+    #: The ZeroMQ tensor endpoint (ROUTER): ``tcp://host:port`` (port 0 picks one) or ``ipc://path``.
+    zmq_bind: str = "tcp://127.0.0.1:0"
+    #: Optional CURVE: this worker's secret key file (z85, as written by zmq.auth); empty = plain TCP.
+    zmq_curve_secret_key_file: str = ""
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 0
+    #: Liveness: lease TTL and load-report interval (the interval is raised to >= 3x mean inference time).
+    lease_ttl_s: float = 5.0
+    heartbeat_interval_s: float = 1.0
+    #: Memory budget for all loaded models, in bytes (DESIGN section 9: a load that does not fit fails).
+    memory_capacity_bytes: int = 8 << 30
+    #: Batches executing at once (threads running model code).
+    exec_slots: int = 2
+    #: Size limits for one ZeroMQ message.
+    max_tensor_bytes: int = 16 << 20
+    max_message_bytes: int = 64 << 20
+    #: Labels for placement, e.g. ``gpu=h200,zone=a``.
+    labels: tuple[str, ...] = ()
+    #: Where EmergencyStop writes its checkpoint file.
+    checkpoint_dir: str = ".run/checkpoints"
+
+    def __post_init__(self) -> None:
+        if not self.worker_id:
+            object.__setattr__(self, "worker_id", f"{socket.gethostname().split('.')[0]}-{os.getpid()}")
+        try:
+            check_name(self.worker_id, "worker_id")
+        except InvalidArgument as exc:
+            raise ValueError(exc.message) from None
+        if self.lease_ttl_s < 1:
+            raise ValueError(f"lease_ttl_s: must be >= 1 second, got {self.lease_ttl_s}")
+        if not 0 < self.heartbeat_interval_s < self.lease_ttl_s:
+            raise ValueError(
+                f"heartbeat_interval_s: must be > 0 and below lease_ttl_s ({self.lease_ttl_s}), "
+                f"got {self.heartbeat_interval_s}"
+            )
+        if self.exec_slots < 1:
+            raise ValueError(f"exec_slots: must be >= 1, got {self.exec_slots}")
+        if self.memory_capacity_bytes <= 0:
+            raise ValueError(f"memory_capacity_bytes: must be > 0, got {self.memory_capacity_bytes}")
+        for label in self.labels:
+            if "=" not in label:
+                raise ValueError(f"labels: {label!r} must look like key=value")
+
+    @property
+    def label_map(self) -> dict[str, str]:
+        return dict(label.split("=", 1) for label in self.labels)
+
+    @property
+    def lease_ttl(self) -> int:
+        """The lease TTL etcd gets: whole seconds, rounded up."""
+        return max(1, int(-(-self.lease_ttl_s // 1)))

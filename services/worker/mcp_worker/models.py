@@ -1,0 +1,328 @@
+"""The replicas one worker holds: load, unload, pause, resume, emergency stop, and the request path.
+
+Invariants:
+- Every state change of a replica is written to etcd through ``ReplicaLifecycle`` (compare-and-swap), in
+  the order of DESIGN.md section 5. Work that must precede a state (loading and warming up before READY,
+  releasing memory before IDLE) happens before the write; a failed load ends in ERROR with its reason.
+- Memory is reserved before anything is loaded (declared bytes), then adjusted to the measured bytes; a load
+  that does not fit raises ``ResourceExhausted`` and loads nothing.
+- Unload waits for the requests already admitted for that replica (the dispatcher's reference count), so
+  a load and an unload can never race into "model unavailable" for an admitted request.
+- The request path (``infer``) reads only local state: no etcd, no lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mcp_worker.backends import Backend, create_backend
+from mcp_worker.batching import BatchConfig, Dispatcher, ModelQueue
+from mcp_worker.memory import MemoryBudget
+from mcp_worker.repository import ModelRepository
+from mcp_worker.sharing import ModelShare
+from mcpcore.errors import FailedPrecondition, MCPError, NotFound, Unavailable
+from mcpcore.keys import ReplicaId, check_name, check_version
+from mcpcore.lifecycle import ReplicaLifecycle, ReplicaRecord, ReplicaState
+from mcpcore.modelspec import ModelConfig
+
+__all__ = ["LoadOverrides", "ModelManager", "Replica"]
+
+log = logging.getLogger(__name__)
+S = ReplicaState
+SERVING = frozenset({S.READY, S.RUNNING})
+
+
+@dataclass(frozen=True)
+class LoadOverrides:
+    """What a scheduler's spec may override in model.yaml (zero/None = keep model.yaml's)."""
+
+    memory_bytes: int = 0
+    max_batch_size: int = 0
+    max_queue_delay_us: int | None = None
+    priority: int | None = None
+    latency_sensitivity: float | None = None
+
+
+@dataclass
+class Replica:
+    rid: ReplicaId
+    config: ModelConfig
+    backend: Backend
+    queue: ModelQueue
+    memory_bytes: int
+    state: ReplicaState
+    since: float
+    reason: str = ""
+    record: ReplicaRecord | None = field(default=None, repr=False)
+
+    @property
+    def key(self) -> str:
+        return f"{self.rid.model}/{self.rid.version}"
+
+
+class ModelManager:
+    def __init__(
+        self,
+        *,
+        worker_id: str,
+        repository: ModelRepository,
+        lifecycle: ReplicaLifecycle,
+        dispatcher: Dispatcher,
+        budget: MemoryBudget,
+        checkpoint_dir: Path,
+        info: Mapping[str, Any] | None = None,
+        on_state: Callable[[ReplicaId, ReplicaState | None], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.worker_id = worker_id
+        self._repo = repository
+        self._lifecycle = lifecycle
+        self._dispatcher = dispatcher
+        self.budget = budget
+        self._checkpoint_dir = checkpoint_dir
+        self._info = dict(info or {})
+        self._on_state = on_state or (lambda rid, state: None)
+        self._clock = clock
+        self._replicas: dict[tuple[str, str], Replica] = {}
+        self._loading: dict[tuple[str, str], asyncio.Task[Replica]] = {}
+        self._admission = asyncio.Lock()  # serialises memory reservations
+        self.stopped: str | None = None  # the emergency-stop reason, once stopped
+
+    def set_info(self, info: Mapping[str, Any]) -> None:
+        """Endpoints etc. written into every replica record (known once the servers are bound)."""
+        self._info = dict(info)
+
+    # -- queries ---------------------------------------------------------------------------------------
+    def replicas(self) -> list[Replica]:
+        return sorted(self._replicas.values(), key=lambda r: (r.rid.model, int(r.rid.version)))
+
+    def get(self, model: str, version: str) -> Replica:
+        replica = self._replicas.get((model, version))
+        if replica is None:
+            raise NotFound(f"model {model} version {version} is not loaded on worker {self.worker_id}")
+        return replica
+
+    def resolve(self, model: str, version: str) -> Replica:
+        """The replica a request goes to; an empty version means the newest one serving here."""
+        if version:
+            return self.get(model, version)
+        held = [r for (m, _), r in self._replicas.items() if m == model]
+        if not held:
+            raise NotFound(f"model {model} has no version loaded on worker {self.worker_id}")
+        # the newest serving version; else the newest held, whose state then explains the refusal
+        return max(held, key=lambda r: (r.state in SERVING, int(r.rid.version)))
+
+    # -- the request path ------------------------------------------------------------------------------
+    async def infer(
+        self,
+        model: str,
+        version: str,
+        request_id: str,
+        inputs: dict[str, np.ndarray],
+        *,
+        priority: int | None = None,
+        timeout_s: float | None = None,
+    ) -> tuple[Replica, dict[str, np.ndarray]]:
+        if self.stopped is not None:
+            raise Unavailable(f"worker {self.worker_id} is stopped ({self.stopped}); retry on another worker")
+        replica = self.resolve(model, version)
+        if replica.state not in SERVING and replica.state is not S.PAUSED:
+            raise Unavailable(f"model {replica.key} is {replica.state.value} on worker {self.worker_id}")
+        replica.backend.check_inputs(inputs)
+        outputs = await replica.queue.submit(request_id, inputs, priority=priority, timeout_s=timeout_s)
+        return replica, outputs
+
+    # -- control ---------------------------------------------------------------------------------------
+    async def load(self, model: str, version: str, overrides: LoadOverrides | None = None) -> Replica:
+        """Load and warm up ``model``/``version``: ... -> LOADING -> READY. Idempotent."""
+        check_name(model, "model name")
+        check_version(version)
+        if self.stopped is not None:
+            raise Unavailable(f"worker {self.worker_id} is stopped ({self.stopped}); load it elsewhere")
+        key = (model, version)
+        if key in self._replicas:
+            return self._replicas[key]
+        task = self._loading.get(key)
+        if task is None:
+            task = asyncio.ensure_future(self._load(ReplicaId(model, version, self.worker_id), overrides))
+            self._loading[key] = task
+            task.add_done_callback(lambda _t: self._loading.pop(key, None))
+        return await asyncio.shield(task)
+
+    async def _load(self, rid: ReplicaId, overrides: LoadOverrides | None) -> Replica:
+        name = f"{rid.model}/{rid.version}"
+        loop = asyncio.get_running_loop()
+        config = _apply(
+            await loop.run_in_executor(None, self._repo.config, rid.model, rid.version), overrides
+        )
+        async with self._admission:
+            self.budget.reserve(name, config.memory_bytes)  # nothing loaded, nothing written yet if full
+        try:
+            await self._fresh_record(rid)
+            await self._set(rid, S.LOADING, "loading")
+        except BaseException:
+            self.budget.release(name)
+            raise
+        backend: Backend | None = None
+        try:
+            artifact = await loop.run_in_executor(None, self._repo.load, rid.model, rid.version)
+            backend = await loop.run_in_executor(None, create_backend, artifact.config, artifact.weights)
+            async with self._admission:
+                self.budget.reserve(name, max(config.memory_bytes, backend.memory_bytes))
+            await loop.run_in_executor(None, backend.warmup)
+        except BaseException as exc:
+            self.budget.release(name)
+            if backend is not None:
+                backend.close()
+            await self._fail(rid, f"load failed: {_describe(exc)}")
+            raise
+        queue = self._dispatcher.add_model(
+            name,
+            BatchConfig.from_model_config(config),
+            backend.infer,
+            ModelShare(priority=config.priority, latency_sensitivity=config.qos.latency_sensitivity),
+        )
+        replica = Replica(rid, config, backend, queue, self.budget.held(name), S.LOADING, self._clock())
+        self._replicas[(rid.model, rid.version)] = replica
+        try:
+            await self._set(rid, S.READY, "loaded and warmed up", memory_bytes=replica.memory_bytes)
+        except BaseException:
+            await self._discard(replica)
+            raise
+        return replica
+
+    async def unload(self, model: str, version: str) -> Replica:
+        replica = self.get(model, version)
+        await self._set(replica.rid, S.UNLOADING, "unloading: waiting for admitted requests")
+        await self._discard(replica)
+        await self._set(replica.rid, S.IDLE, "unloaded; memory released")
+        return replica
+
+    async def pause(self, model: str, version: str) -> Replica:
+        replica = self.get(model, version)
+        if replica.state is S.PAUSED:
+            return replica  # idempotent, so a control call can be retried safely
+        await self._set(replica.rid, S.PAUSED, "paused: draining, no new requests")
+        replica.queue.pause()
+        return replica
+
+    async def resume(self, model: str, version: str) -> Replica:
+        replica = self.get(model, version)
+        if replica.state is S.RUNNING:
+            return replica
+        await self._set(replica.rid, S.RUNNING, "running")
+        replica.queue.resume()
+        return replica
+
+    async def emergency_stop(self, reason: str) -> dict[str, Any]:
+        """Stop admitting, answer queued requests (retryable), write a checkpoint, release memory."""
+        self.stopped = reason or "emergency stop"
+        rejected = self._dispatcher.emergency_stop(self.stopped)
+        checkpoint = {
+            "worker_id": self.worker_id,
+            "reason": self.stopped,
+            "at": self._clock(),
+            "last_active": self._dispatcher.last_active,
+            "in_flight": self._dispatcher.in_flight_ids(),
+            "rejected": rejected,
+            "replicas": [
+                {"model": r.rid.model, "version": r.rid.version, "state": r.state.value, "since": r.since}
+                for r in self.replicas()
+            ],
+        }
+        path = self._write_checkpoint(checkpoint)
+        for replica in self.replicas():
+            await self._discard(replica)
+            try:
+                await self._fail(replica.rid, f"emergency stop: {self.stopped}")
+            except MCPError as exc:  # etcd may be the reason we stop: the checkpoint has the truth
+                log.warning("could not record %s as ERROR: %s", replica.rid, exc)
+        return {**checkpoint, "path": str(path)}
+
+    async def resync(self) -> None:
+        """Publish every held replica's real state again (after etcd was lost and came back)."""
+        for replica in self.replicas():
+            replica.record = await self._lifecycle.publish(
+                replica.rid, replica.state, reason=replica.reason or "worker re-registered", info=self._info
+            )
+
+    async def close(self) -> None:
+        for replica in self.replicas():
+            await self._discard(replica)
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    async def _fresh_record(self, rid: ReplicaId) -> None:
+        """Bring the record to IDLE: create it, or recover a stale one this worker does not hold."""
+        record = await self._lifecycle.get(rid)
+        if record is None:
+            await self._lifecycle.create(rid, reason="placed on this worker", info=self._info)
+            return
+        if record.state not in (S.IDLE, S.ERROR, S.RECOVERING):
+            await self._lifecycle.transition(rid, S.ERROR, reason="stale: the worker does not hold it")
+            record = replace(record, state=S.ERROR)
+        if record.state is S.ERROR:
+            await self._lifecycle.transition(rid, S.RECOVERING, reason="reloading")
+            record = replace(record, state=S.RECOVERING)
+        if record.state is S.RECOVERING:
+            await self._lifecycle.transition(rid, S.IDLE, reason="recovered")
+
+    async def _set(self, rid: ReplicaId, state: ReplicaState, reason: str, **info: Any) -> None:
+        record = await self._lifecycle.transition(rid, state, reason=reason, info={**self._info, **info})
+        replica = self._replicas.get((rid.model, rid.version))
+        if replica is not None:
+            replica.state, replica.since, replica.reason, replica.record = state, record.since, reason, record
+        self._on_state(rid, state)
+
+    async def _fail(self, rid: ReplicaId, reason: str) -> None:
+        with contextlib.suppress(FailedPrecondition):  # already ERROR
+            await self._lifecycle.transition(rid, S.ERROR, reason=reason)
+        self._on_state(rid, S.ERROR)
+
+    async def _discard(self, replica: Replica) -> None:
+        """Stop admitting, wait for admitted requests, release the backend and the memory."""
+        await self._dispatcher.remove_model(replica.key)
+        self._replicas.pop((replica.rid.model, replica.rid.version), None)
+        await asyncio.get_running_loop().run_in_executor(None, replica.backend.close)
+        self.budget.release(replica.key)
+
+    def _write_checkpoint(self, data: dict[str, Any]) -> Path:
+        self._checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        path = self._checkpoint_dir / f"{self.worker_id}-{int(data['at'] * 1000)}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2))
+        os.replace(tmp, path)
+        return path
+
+
+def _apply(config: ModelConfig, o: LoadOverrides | None) -> ModelConfig:
+    if o is None:
+        return config
+    changes: dict[str, Any] = {}
+    if o.memory_bytes:
+        changes["memory_bytes"] = o.memory_bytes
+    if o.max_batch_size:
+        changes["max_batch_size"] = min(o.max_batch_size, config.max_batch_size) or config.max_batch_size
+    if o.priority is not None:
+        changes["priority"] = o.priority
+    if o.latency_sensitivity is not None:
+        changes["qos"] = replace(config.qos, latency_sensitivity=o.latency_sensitivity)
+    if o.max_queue_delay_us is not None and config.dynamic_batching is not None:
+        changes["dynamic_batching"] = replace(
+            config.dynamic_batching, max_queue_delay_us=o.max_queue_delay_us
+        )
+    return replace(config, **changes)
+
+
+def _describe(exc: BaseException) -> str:
+    return exc.message if isinstance(exc, MCPError) else f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,142 @@
+"""Registration and heartbeats: the worker's record and load report in etcd, under its lease.
+
+Invariants:
+- ``/mcp/workers/<id>`` and ``/mcp/workers/<id>/load`` live under one lease: when the worker dies, both
+  vanish within the TTL.
+- A load report goes out every ``interval``; the interval is kept at least 3x the mean inference time
+  (DESIGN.md section 8: a heartbeat must not be starved by one long inference): when measured inference
+  gets slower, the interval is raised, with a warning.
+- Losing etcd never stops serving. When the lease is lost (expired while etcd was away, or revoked), the
+  loop grants a new one, writes both keys again and re-publishes the real state of every replica held.
+- The loop never dies: each failure is logged, counted, and retried after a backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from mcpcore.errors import MCPError
+from mcpcore.keys import Keyspace
+from mcpcore.store import KeepAlive, Store
+
+__all__ = ["Registration", "effective_interval"]
+
+log = logging.getLogger(__name__)
+
+
+def effective_interval(configured_s: float, mean_exec_s: float, ttl_s: float) -> float:
+    """The heartbeat interval actually used: >= 3x mean inference time, and below the lease TTL."""
+    return min(max(configured_s, 3.0 * mean_exec_s), ttl_s / 2)
+
+
+class Registration:
+    def __init__(
+        self,
+        store: Store,
+        keys: Keyspace,
+        worker_id: str,
+        *,
+        record: Callable[[], Mapping[str, Any]],
+        report: Callable[[], Mapping[str, Any]],
+        resync: Callable[[], Awaitable[None]],
+        ttl: int,
+        interval_s: float,
+        on_error: Callable[[str], None] = lambda loop: None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._keys = keys
+        self._id = worker_id
+        self._record = record
+        self._report = report
+        self._resync = resync
+        self._ttl = ttl
+        self._configured = interval_s
+        self.interval_s = interval_s
+        self._on_error = on_error
+        self._clock = clock
+        self._keeper: KeepAlive | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.registrations = 0  # how many times the worker (re-)registered
+        self.registered = asyncio.Event()
+
+    async def register(self) -> None:
+        """Grant a lease, write the record and a first report, re-publish replica states."""
+        lease = await self._store.grant_lease(self._ttl)
+        try:
+            await self._store.put(self._keys.worker(self._id), _json(self._record()), lease=lease.id)
+            await self._publish(lease.id)
+            await self._resync()
+        except BaseException:
+            with contextlib.suppress(MCPError):
+                await self._store.revoke_lease(lease.id)
+            raise
+        if self._keeper is not None:
+            await self._keeper.stop()
+        self._keeper = self._store.keep_alive(lease)
+        self.registrations += 1
+        self.registered.set()
+        log.info("worker %s registered (lease %x, registration %d)", self._id, lease.id, self.registrations)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="worker-heartbeat")
+
+    async def stop(self, *, deregister: bool = True) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._keeper is not None:
+            await self._keeper.stop()
+            if deregister:
+                with contextlib.suppress(MCPError):
+                    await self._store.revoke_lease(self._keeper.lease.id)
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                if self._keeper is None or self._keeper.lost.is_set():
+                    if self._keeper is not None:
+                        log.warning("worker %s lost its lease; registering again", self._id)
+                    await self.register()
+                await self._publish(self._keeper.lease.id)  # type: ignore[union-attr]
+                backoff = 0.1
+                await self._sleep_or_lost(self.interval_s * random.uniform(0.9, 1.0))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._on_error("heartbeat")
+                log.warning("heartbeat of worker %s failed (%s); retrying in %.1fs", self._id, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, max(1.0, self._ttl / 3))
+
+    async def _sleep_or_lost(self, seconds: float) -> None:
+        assert self._keeper is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._keeper.lost.wait(), seconds)
+
+    async def _publish(self, lease_id: int) -> None:
+        report = dict(self._report())
+        interval = effective_interval(self._configured, float(report.get("mean_exec_s", 0.0)), self._ttl)
+        if interval > self.interval_s * 1.01:
+            log.warning(
+                "heartbeat interval raised from %.3fs to %.3fs: it must be at least 3x the mean inference "
+                "time (%.3fs)",
+                self.interval_s,
+                interval,
+                report.get("mean_exec_s", 0.0),
+            )
+        self.interval_s = interval
+        report.update(heartbeat_interval_s=interval, last_beat=self._clock())
+        await self._store.put(self._keys.worker_load(self._id), _json(report), lease=lease_id)
+
+
+def _json(value: Mapping[str, Any]) -> bytes:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()

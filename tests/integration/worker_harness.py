@@ -1,0 +1,157 @@
+"""Test harness: a real worker subprocess, its gRPC control stub and a real ZeroMQ client.
+
+Readiness is the worker's own "ready" line on stdout; nothing here sleeps to wait for it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import safetensors.numpy
+import zmq
+
+from mcpapi.v2 import tensor_pb2, worker_pb2, worker_pb2_grpc
+from mcpcore import wire
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_demo_repository(out: Path) -> Path:
+    spec = importlib.util.spec_from_file_location("make_models", ROOT / "tools" / "make_models.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.make_models(out)
+    return out
+
+
+def mlp_reference(repo: Path, model: str, version: str, x: np.ndarray) -> np.ndarray:
+    """The demo MLP computed directly from its safetensors file, independent of the worker's backend."""
+    w = safetensors.numpy.load_file(str(repo / model / version / "weights.safetensors"))
+    hidden = np.maximum(x @ w["fc1.weight"] + w["fc1.bias"], 0)
+    return hidden @ w["fc2.weight"] + w["fc2.bias"]
+
+
+class WorkerProcess:
+    def __init__(self, tmp: Path, etcd_endpoint: str, repo: Path, *, prefix: str, **flags: Any) -> None:
+        self.tmp = tmp
+        self.worker_id = flags.pop("worker_id", f"w-{uuid.uuid4().hex[:8]}")
+        self.prefix = prefix
+        self.args = [
+            sys.executable, "-m", "mcp_worker",
+            "--worker-id", self.worker_id,
+            "--repository", str(repo),
+            "--checkpoint-dir", str(tmp / "checkpoints"),
+        ]  # fmt: skip
+        for name, value in flags.items():
+            self.args += [f"--{name.replace('_', '-')}", str(value)]
+        self.env = {
+            **os.environ,
+            "MCP_WORKER_ETCD_ENDPOINTS": etcd_endpoint,
+            "MCP_WORKER_ETCD_PREFIX": prefix,
+            "MCP_LOG_LEVEL": "INFO",
+        }
+        self.proc: subprocess.Popen[str] | None = None
+        self.endpoints: dict[str, str] = {}
+        self.log = tmp / f"{self.worker_id}.log"
+
+    def start(self, timeout_s: float = 30.0) -> WorkerProcess:
+        with self.log.open("a") as log:
+            self.proc = subprocess.Popen(
+                self.args, env=self.env, stdout=subprocess.PIPE, stderr=log, text=True, cwd=self.tmp
+            )
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout_s):
+            self.stop()
+            raise RuntimeError(f"worker not ready in {timeout_s}s:\n{self.log.read_text()[-3000:]}")
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker exited:\n{self.log.read_text()[-3000:]}")
+        self.endpoints = json.loads(line)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def control(self) -> worker_pb2_grpc.WorkerControlStub:
+        channel = grpc.insecure_channel(self.endpoints["grpc"])
+        return worker_pb2_grpc.WorkerControlStub(channel)
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(f"http://{self.endpoints['metrics']}/metrics", timeout=5) as resp:
+            return resp.read().decode()
+
+
+def load_and_run(stub: worker_pb2_grpc.WorkerControlStub, model: str, version: str = "1") -> None:
+    stub.Load(worker_pb2.LoadRequest(model=model, version=version), timeout=30)
+    stub.Resume(worker_pb2.ResumeRequest(model=model, version=version), timeout=10)
+
+
+class TensorClient:
+    """A DEALER with many requests in flight; replies are matched by request id."""
+
+    def __init__(self, endpoint: str, *, curve_server_key: bytes | None = None) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RCVTIMEO, 15000)
+        if curve_server_key is not None:
+            public, secret = zmq.curve_keypair()
+            self.sock.curve_serverkey = curve_server_key
+            self.sock.curve_publickey = public
+            self.sock.curve_secretkey = secret
+        self.sock.connect(endpoint)
+        self._n = 0
+
+    def send(self, model: str, inputs: dict[str, np.ndarray], *, version: str = "", **fields: Any) -> str:
+        self._n += 1
+        rid = fields.pop("request_id", f"r{self._n}")
+        header = tensor_pb2.TensorHeader(
+            kind=tensor_pb2.KIND_REQUEST, request_id=rid, model=model, version=version, **fields
+        )
+        self.sock.send_multipart(wire.encode(header, inputs), copy=False)
+        return rid
+
+    def recv(self) -> wire.Message:
+        return wire.decode(self.sock.recv_multipart())
+
+    def infer(self, model: str, inputs: dict[str, np.ndarray], **kw: Any) -> wire.Message:
+        rid = self.send(model, inputs, **kw)
+        msg = self.recv()
+        assert msg.header.request_id == rid
+        wire.raise_for_status(msg.header)
+        return msg
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+        self.ctx.term()
+
+
+def wait_for(predicate, timeout_s: float = 10.0, interval_s: float = 0.02, what: str = "condition"):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(interval_s)
