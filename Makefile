@@ -4,10 +4,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup proto proto-check native lint test up down bench chaos gpu-check compose-config clean
+.PHONY: help setup proto proto-check native lint test up down bench models chaos gpu-check compose-config clean
 
 help:
-	@echo "make setup | proto | proto-check | native | lint | test | up | down | bench | chaos | gpu-check | compose-config"
+	@echo "make setup | proto | proto-check | native | lint | test | up | down | bench | models | chaos | gpu-check | compose-config"
 
 # etcd from Debian's package when missing, then the venv with the project (editable) and its dev tools.
 setup: $(STAMP)
@@ -35,7 +35,15 @@ lint: $(STAMP) proto-check
 test: setup
 	$(VENV)/bin/pytest -q tests
 
-native up down bench chaos gpu-check compose-config:
+# Performance figures (DESIGN.md sections 12-13): ratios against baselines measured in the same run.
+bench: setup
+	$(PY) bench/run.py
+
+# The demo model repository (deterministic; used by make up and the tests).
+models: setup
+	$(PY) tools/make_models.py --out models --force
+
+native up down chaos gpu-check compose-config:
 	@echo "make $@: not built yet (see the open issues)" >&2; exit 2
 
 clean:
