@@ -17,7 +17,7 @@ import pytest
 import yaml
 import zmq
 import zmq.auth
-from worker_harness import (
+from harness import (
     TensorClient,
     WorkerProcess,
     load_and_run,
@@ -146,7 +146,8 @@ def test_load_infer_pause_resume_unload(worker, control, client, repo, etcd_endp
     control.Resume(worker_pb2.ResumeRequest(model="demo-mlp", version="1"), timeout=10)
     client.infer("demo-mlp", {"INPUT0": X})
 
-    control.Unload(worker_pb2.UnloadRequest(model="demo-mlp", version="1"), timeout=10)
+    unloaded = control.Unload(worker_pb2.UnloadRequest(model="demo-mlp", version="1"), timeout=10)
+    assert model_pb2.ModelState.Name(unloaded.replica.state) == "IDLE"
     record = replica(etcd_endpoint, prefix, "demo-mlp", worker.worker_id)
     assert record["state"] == "IDLE"
     assert [t["to"] for t in record["transitions"]][-3:] == ["RUNNING", "UNLOADING", "IDLE"]

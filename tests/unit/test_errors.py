@@ -45,3 +45,8 @@ def test_only_unavailable_and_deadline_are_retryable():
 def test_error_classes_for_the_breaker(err, cls):
     assert errors.error_class(err) == cls
     assert (cls in errors.SERVER_SIDE_CLASSES) == (cls != "client")
+
+
+def test_code_names_from_json_documents_map_back():
+    assert type(errors.error_for_code("RESOURCE_EXHAUSTED", "m")) is errors.ResourceExhausted
+    assert errors.error_for_code("NO_SUCH_CODE", "m").code is grpc.StatusCode.UNKNOWN

@@ -17,6 +17,9 @@ def test_design_section_4_keys():
     assert K.stats("r1", "demo-mlp") == "/mcp/stats/r1/demo-mlp"
     assert K.leader("scheduler") == "/mcp/leader/scheduler"
     assert K.leader("health") == "/mcp/leader/health"
+    assert K.model_routing("demo-mlp") == "/mcp/models/demo-mlp/routing"
+    assert K.demand("demo-mlp", "r1") == "/mcp/demand/demo-mlp/r1"
+    assert K.drain("w1") == "/mcp/drain/w1"
 
 
 def test_prefix_is_configurable():
@@ -48,6 +51,9 @@ def test_parse_round_trips():
     assert K.parse_model_key(K.model_traffic("m")) == ("m", "traffic")
     assert K.parse_breaker_key(K.breaker("m")) == "m"
     assert K.parse_stats_key(K.stats("r", "m")) == ("r", "m")
+    assert K.parse_model_key(K.model_routing("m")) == ("m", "routing")
+    assert K.parse_demand_key(K.demand("m", "r")) == ("m", "r")
+    assert K.parse_drain_key(K.drain("w")) == "w"
 
 
 @pytest.mark.parametrize(

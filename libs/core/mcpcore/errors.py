@@ -141,9 +141,12 @@ def error_class(err: BaseException) -> str:
     return _CLASS_OF_CODE.get(code, "backend")
 
 
-def error_for_code(code: grpc.StatusCode | int, message: str) -> MCPError:
-    """The exception for a status code (a ``grpc.StatusCode`` or its integer, as in ZeroMQ headers)."""
-    if isinstance(code, int):
+def error_for_code(code: grpc.StatusCode | int | str, message: str) -> MCPError:
+    """The exception for a status code: a ``grpc.StatusCode``, its integer (ZeroMQ headers) or its name
+    (JSON documents in etcd)."""
+    if isinstance(code, str):
+        code = grpc.StatusCode.__members__.get(code, grpc.StatusCode.UNKNOWN)
+    elif isinstance(code, int):
         code = _BY_VALUE.get(code, grpc.StatusCode.UNKNOWN)
     cls = CODE_TO_ERROR.get(code)
     if cls is None:

@@ -7,7 +7,13 @@ never alias another model's keys.
     /mcp/workers/<id>                      worker record (under the worker's lease)
     /mcp/workers/<id>/load                 load report (under the worker's lease)
     /mcp/models/<m>/spec                   desired state
-    /mcp/models/<m>/traffic                traffic split (operator-writable JSON)
+    /mcp/models/<m>/traffic                traffic split wanted (operator-writable JSON)
+    /mcp/models/<m>/routing                traffic split in force (scheduler-written: a flip lands here
+                                           only once its versions are RUNNING on their replica count)
+    /mcp/models/<m>/status                 the leader scheduler's view: copies per version, pending, error
+    /mcp/demand/<m>/<router>               requests for a model with no copy, and bounded-load overflows
+                                           (router-written, under the router's lease)
+    /mcp/drain/<worker>                    a worker being drained (scheduler-written)
     /mcp/replicas/<m>/<v>/<worker>         replica state
     /mcp/breakers/<m>                      breaker level (operator-writable JSON)
     /mcp/config/breaker                    breaker policy (operator-writable JSON)
@@ -29,6 +35,7 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 #: Versions are positive integers written in decimal ("1", "2", ...).
 VERSION_RE = re.compile(r"[1-9][0-9]{0,8}")
 LEADER_ROLES = frozenset({"scheduler", "health"})
+MODEL_KEYS = ("spec", "traffic", "routing", "status")
 
 
 def check_name(value: str, what: str = "name") -> str:
@@ -100,13 +107,45 @@ class Keyspace:
     def model_traffic(self, model: str) -> str:
         return f"{self.prefix}/models/{check_name(model, 'model name')}/traffic"
 
+    def model_routing(self, model: str) -> str:
+        return f"{self.prefix}/models/{check_name(model, 'model name')}/routing"
+
+    def model_status(self, model: str) -> str:
+        return f"{self.prefix}/models/{check_name(model, 'model name')}/status"
+
     def parse_model_key(self, key: str) -> tuple[str, str] | None:
-        """``(model, 'spec' | 'traffic')`` for a key under ``models_prefix()``, else None."""
+        """``(model, one of MODEL_KEYS)`` for a key under ``models_prefix()``, else None."""
         rest = self._strip(key, self.models_prefix())
         parts = rest.split("/") if rest is not None else []
-        if len(parts) == 2 and NAME_RE.fullmatch(parts[0]) and parts[1] in ("spec", "traffic"):
+        if len(parts) == 2 and NAME_RE.fullmatch(parts[0]) and parts[1] in MODEL_KEYS:
             return parts[0], parts[1]
         return None
+
+    # -- demand and drains ----------------------------------------------------------------------------
+    def demand_prefix(self, model: str | None = None) -> str:
+        base = f"{self.prefix}/demand/"
+        return base if model is None else f"{base}{check_name(model, 'model name')}/"
+
+    def demand(self, model: str, router: str) -> str:
+        return f"{self.demand_prefix(model)}{check_name(router, 'router id')}"
+
+    def parse_demand_key(self, key: str) -> tuple[str, str] | None:
+        """``(model, router)`` for a key under ``demand_prefix()``, else None."""
+        rest = self._strip(key, self.demand_prefix())
+        parts = rest.split("/") if rest is not None else []
+        if len(parts) == 2 and all(NAME_RE.fullmatch(p) for p in parts):
+            return parts[0], parts[1]
+        return None
+
+    def drains_prefix(self) -> str:
+        return f"{self.prefix}/drain/"
+
+    def drain(self, worker: str) -> str:
+        return f"{self.drains_prefix()}{check_name(worker, 'worker id')}"
+
+    def parse_drain_key(self, key: str) -> str | None:
+        rest = self._strip(key, self.drains_prefix())
+        return rest if rest is not None and NAME_RE.fullmatch(rest) else None
 
     # -- replicas -------------------------------------------------------------------------------------
     def replicas_prefix(self, model: str | None = None, version: str | None = None) -> str:

@@ -1,1 +1,1 @@
-"""mcp_scheduler: not built yet (see the open issues)."""
+"""mcp_scheduler: model control (v1, v2), placement, reconcile loop, safe version flips, leader election."""

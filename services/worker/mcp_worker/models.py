@@ -206,7 +206,13 @@ class ModelManager:
         replica = self.get(model, version)
         await self._set(replica.rid, S.UNLOADING, "unloading: waiting for admitted requests")
         await self._discard(replica)
-        await self._set(replica.rid, S.IDLE, "unloaded; memory released")
+        record = await self._set(replica.rid, S.IDLE, "unloaded; memory released")
+        replica.state, replica.since, replica.reason, replica.record = (
+            S.IDLE,
+            record.since,
+            record.reason,
+            record,
+        )
         return replica
 
     async def pause(self, model: str, version: str) -> Replica:
@@ -277,12 +283,13 @@ class ModelManager:
         if record.state is S.RECOVERING:
             await self._lifecycle.transition(rid, S.IDLE, reason="recovered")
 
-    async def _set(self, rid: ReplicaId, state: ReplicaState, reason: str, **info: Any) -> None:
+    async def _set(self, rid: ReplicaId, state: ReplicaState, reason: str, **info: Any) -> ReplicaRecord:
         record = await self._lifecycle.transition(rid, state, reason=reason, info={**self._info, **info})
         replica = self._replicas.get((rid.model, rid.version))
         if replica is not None:
             replica.state, replica.since, replica.reason, replica.record = state, record.since, reason, record
         self._on_state(rid, state)
+        return record
 
     async def _fail(self, rid: ReplicaId, reason: str) -> None:
         with contextlib.suppress(FailedPrecondition):  # already ERROR

@@ -119,8 +119,10 @@ class Registration:
 
     async def _sleep_or_lost(self, seconds: float) -> None:
         assert self._keeper is not None
+        # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that races a wake-up
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._keeper.lost.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await self._keeper.lost.wait()
 
     async def _publish(self, lease_id: int) -> None:
         report = dict(self._report())

@@ -44,30 +44,30 @@ def mlp_reference(repo: Path, model: str, version: str, x: np.ndarray) -> np.nda
     return hidden @ w["fc2.weight"] + w["fc2.bias"]
 
 
-class WorkerProcess:
-    def __init__(self, tmp: Path, etcd_endpoint: str, repo: Path, *, prefix: str, **flags: Any) -> None:
+class ServiceProcess:
+    """A service (``python -m <module>``) in a subprocess; ready once it prints its JSON "ready" line."""
+
+    module = ""
+
+    def __init__(self, tmp: Path, etcd_endpoint: str, *, prefix: str, name: str, **flags: Any) -> None:
         self.tmp = tmp
-        self.worker_id = flags.pop("worker_id", f"w-{uuid.uuid4().hex[:8]}")
         self.prefix = prefix
-        self.args = [
-            sys.executable, "-m", "mcp_worker",
-            "--worker-id", self.worker_id,
-            "--repository", str(repo),
-            "--checkpoint-dir", str(tmp / "checkpoints"),
-        ]  # fmt: skip
-        for name, value in flags.items():
-            self.args += [f"--{name.replace('_', '-')}", str(value)]
+        self.name = name
+        self.args = [sys.executable, "-m", self.module]
+        for flag, value in flags.items():
+            self.args += [f"--{flag.replace('_', '-')}", str(value)]
+        env_prefix = f"MCP_{self.module.removeprefix('mcp_').upper()}_"
         self.env = {
             **os.environ,
-            "MCP_WORKER_ETCD_ENDPOINTS": etcd_endpoint,
-            "MCP_WORKER_ETCD_PREFIX": prefix,
+            f"{env_prefix}ETCD_ENDPOINTS": etcd_endpoint,
+            f"{env_prefix}ETCD_PREFIX": prefix,
             "MCP_LOG_LEVEL": "INFO",
         }
         self.proc: subprocess.Popen[str] | None = None
         self.endpoints: dict[str, str] = {}
-        self.log = tmp / f"{self.worker_id}.log"
+        self.log = tmp / f"{name}.log"
 
-    def start(self, timeout_s: float = 30.0) -> WorkerProcess:
+    def start(self, timeout_s: float = 30.0) -> ServiceProcess:
         with self.log.open("a") as log:
             self.proc = subprocess.Popen(
                 self.args, env=self.env, stdout=subprocess.PIPE, stderr=log, text=True, cwd=self.tmp
@@ -76,10 +76,10 @@ class WorkerProcess:
         sel.register(self.proc.stdout, selectors.EVENT_READ)
         if not sel.select(timeout_s):
             self.stop()
-            raise RuntimeError(f"worker not ready in {timeout_s}s:\n{self.log.read_text()[-3000:]}")
+            raise RuntimeError(f"{self.name} not ready in {timeout_s}s:\n{self.log.read_text()[-3000:]}")
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"worker exited:\n{self.log.read_text()[-3000:]}")
+            raise RuntimeError(f"{self.name} exited:\n{self.log.read_text()[-3000:]}")
         self.endpoints = json.loads(line)
         return self
 
@@ -92,13 +92,39 @@ class WorkerProcess:
                 self.proc.kill()
                 self.proc.wait(5)
 
-    def control(self) -> worker_pb2_grpc.WorkerControlStub:
-        channel = grpc.insecure_channel(self.endpoints["grpc"])
-        return worker_pb2_grpc.WorkerControlStub(channel)
+    def kill(self) -> None:
+        """``kill -9``: no clean-up, no lease revoke."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
 
     def metrics_text(self) -> str:
         with urllib.request.urlopen(f"http://{self.endpoints['metrics']}/metrics", timeout=5) as resp:
             return resp.read().decode()
+
+
+class WorkerProcess(ServiceProcess):
+    module = "mcp_worker"
+
+    def __init__(self, tmp: Path, etcd_endpoint: str, repo: Path, *, prefix: str, **flags: Any) -> None:
+        self.worker_id = flags.pop("worker_id", f"w-{uuid.uuid4().hex[:8]}")
+        flags = {"worker_id": self.worker_id, "repository": repo, "checkpoint_dir": tmp / "ckpt", **flags}
+        super().__init__(tmp, etcd_endpoint, prefix=prefix, name=self.worker_id, **flags)
+
+    def control(self) -> worker_pb2_grpc.WorkerControlStub:
+        return worker_pb2_grpc.WorkerControlStub(grpc.insecure_channel(self.endpoints["grpc"]))
+
+
+class SchedulerProcess(ServiceProcess):
+    module = "mcp_scheduler"
+
+    def __init__(self, tmp: Path, etcd_endpoint: str, *, prefix: str, **flags: Any) -> None:
+        self.scheduler_id = flags.pop("scheduler_id", f"s-{uuid.uuid4().hex[:8]}")
+        flags = {"scheduler_id": self.scheduler_id, "grpc_port": 0, "metrics_port": 0, **flags}
+        super().__init__(tmp, etcd_endpoint, prefix=prefix, name=self.scheduler_id, **flags)
+
+    def channel(self) -> grpc.Channel:
+        return grpc.insecure_channel(self.endpoints["grpc"])
 
 
 def load_and_run(stub: worker_pb2_grpc.WorkerControlStub, model: str, version: str = "1") -> None:

@@ -1,0 +1,57 @@
+"""The scheduler's configuration: one frozen dataclass, built once in ``__main__`` (flags > env > YAML).
+
+Env vars are ``MCP_SCHEDULER_<FIELD>``; names and defaults of ports follow DESIGN.md section 13.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+from mcpcore.errors import InvalidArgument
+from mcpcore.keys import check_name
+
+__all__ = ["SchedulerConfig"]
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    #: This instance's id in leader election (several schedulers may run; one leads).
+    scheduler_id: str = ""
+    grpc_host: str = "127.0.0.1"
+    grpc_port: int = 50051
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 9102
+    etcd_endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
+    etcd_prefix: str = "/mcp"
+    etcd_timeout_s: float = 5.0
+    #: Leader lease: a standby takes over within about this long after the leader dies.
+    leader_ttl_s: int = 5
+    #: The reconcile loop runs on every change, and at least this often.
+    reconcile_interval_s: float = 2.0
+    #: Calls to workers (a Load waits for the model to load and warm up).
+    worker_timeout_s: float = 60.0
+    #: After a failed action on a replica, wait this long (doubling up to the max) before trying again.
+    retry_backoff_s: float = 0.5
+    retry_backoff_max_s: float = 30.0
+    #: Extra copies of a hot model go away after this long without overflow.
+    hot_quiet_period_s: float = 60.0
+    #: Actions executed at once.
+    max_parallel_actions: int = 16
+
+    def __post_init__(self) -> None:
+        if not self.scheduler_id:
+            object.__setattr__(self, "scheduler_id", f"{socket.gethostname().split('.')[0]}-{os.getpid()}")
+        try:
+            check_name(self.scheduler_id, "scheduler_id")
+        except InvalidArgument as exc:
+            raise ValueError(exc.message) from None
+        if self.leader_ttl_s < 1:
+            raise ValueError(f"leader_ttl_s: must be >= 1, got {self.leader_ttl_s}")
+        if self.reconcile_interval_s <= 0:
+            raise ValueError(f"reconcile_interval_s: must be > 0, got {self.reconcile_interval_s}")
+        if not 0 < self.retry_backoff_s <= self.retry_backoff_max_s:
+            raise ValueError("retry_backoff_s: must be > 0 and <= retry_backoff_max_s")
+        if self.max_parallel_actions < 1:
+            raise ValueError(f"max_parallel_actions: must be >= 1, got {self.max_parallel_actions}")

@@ -1,0 +1,206 @@
+"""Choosing workers for new replicas of one (model, version), by memory, labels and spread (DESIGN.md 6).
+
+Invariants:
+- Pure: reads a ``ClusterView`` and returns a ``Placement``; never mutates the view.
+- A chosen worker is registered, not stopped, not draining, carries every required label, holds no record
+  of the (model, version) yet, is not excluded, and has ``free >= need_bytes`` where free counts every
+  recorded replica (measured bytes, else the model's declared bytes) and the caller's reservations.
+- Evictions only ever name replicas of models with a strictly lower spec priority, in READY, RUNNING or
+  PAUSED, and never a model's last RUNNING replica of a version in its routing in force. They free room
+  for a later round: the chosen workers never count on memory an eviction has yet to release.
+- ``shortfall`` is set exactly when fewer than ``count`` copies are covered, and says why in words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from mcp_scheduler.view import ClusterView, ReplicaInfo, ReplicaKey, WorkerInfo
+from mcpcore.lifecycle import ReplicaState
+
+__all__ = ["EVICTABLE", "Placement", "format_bytes", "free_bytes", "place", "replica_bytes"]
+
+S = ReplicaState
+#: States an eviction may unload (LOADING finishes first; UNLOADING is already going).
+EVICTABLE = frozenset({S.READY, S.RUNNING, S.PAUSED})
+
+
+@dataclass(frozen=True)
+class Placement:
+    workers: list[str] = field(default_factory=list)  # load one copy on each, now
+    evictions: list[ReplicaKey] = field(default_factory=list)  # unload now; place next round
+    shortfall: str | None = None  # why some copies could not be covered
+
+
+def replica_bytes(view: ClusterView, replica: ReplicaInfo) -> int:
+    """A replica's memory: measured when known, else its model's declared bytes."""
+    if replica.memory_bytes:
+        return replica.memory_bytes
+    spec = view.specs.get(replica.model)
+    return spec.memory_bytes if spec is not None else 0
+
+
+def free_bytes(view: ClusterView, worker: WorkerInfo, reserved: Mapping[str, int] | None = None) -> int:
+    used = sum(replica_bytes(view, r) for r in view.replicas_on(worker.id))
+    return worker.capacity_bytes - used - (reserved or {}).get(worker.id, 0)
+
+
+def format_bytes(n: int) -> str:
+    for unit, size, floor in (("GiB", 1 << 30, 0.1), ("MiB", 1 << 20, 0.1), ("KiB", 1 << 10, 1.0)):
+        if abs(n) >= size * floor:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def place(
+    view: ClusterView,
+    model: str,
+    version: str,
+    *,
+    count: int,
+    need_bytes: int,
+    priority: int,
+    labels: Mapping[str, str],
+    exclude: Iterable[str] = (),
+    reserved: Mapping[str, int] | None = None,
+) -> Placement:
+    """Up to ``count`` workers for new copies of ``model``/``version``, evictions that would make room for
+    the rest, and a shortfall message for what neither covers."""
+    if count <= 0:
+        return Placement()
+    ask = _Ask(model, version, need_bytes, priority, labels, frozenset(exclude))
+    eligible = [w for w in view.workers.values() if _why_not(view, w, ask) is None]
+    free = {w.id: free_bytes(view, w, reserved) for w in eligible}
+    holders = {r.worker for r in view.replicas.values() if r.model == model}
+    fits = sorted((w for w in free if free[w] >= need_bytes), key=lambda w: (w in holders, -free[w], w))
+    chosen = fits[:count]
+    if len(chosen) == count:
+        return Placement(workers=chosen)
+    rest = sorted((w for w in free if w not in chosen), key=lambda w: (-free[w], w))
+    evictions, covered = _evictions(view, ask, {w: free[w] for w in rest}, count - len(chosen))
+    missing = count - len(chosen) - covered
+    if missing <= 0:
+        return Placement(workers=chosen, evictions=evictions)
+    used = sorted({*chosen, *(k[2] for k in evictions)})
+    unused = {w: f for w, f in free.items() if w not in used}
+    return Placement(chosen, evictions, _shortfall(view, ask, missing, unused, used))
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """What one ``place`` call looks for."""
+
+    model: str
+    version: str
+    need: int
+    priority: int
+    labels: Mapping[str, str]
+    excluded: frozenset[str]
+
+
+def _why_not(view: ClusterView, w: WorkerInfo, ask: _Ask) -> str | None:
+    """Why worker ``w`` cannot take a copy (None: it can, memory permitting)."""
+    if any(w.labels.get(k) != v for k, v in ask.labels.items()):
+        return f"lacks labels {_labels(ask.labels)}"
+    if w.stopped:
+        return "is stopped"
+    if w.draining:
+        return "is draining"
+    if (ask.model, ask.version, w.id) in view.replicas:
+        return "already holds a copy"
+    if w.id in ask.excluded:
+        return "is excluded (a recent failure there, or a load under way)"
+    return None
+
+
+# --- eviction --------------------------------------------------------------------------------------------
+
+
+def _evictions(
+    view: ClusterView, ask: _Ask, free: Mapping[str, int], missing: int
+) -> tuple[list[ReplicaKey], int]:
+    """Evictions for up to ``missing`` copies, each on the worker (of ``free``, most free first) that needs
+    the fewest; and how many copies they cover."""
+    taken: list[ReplicaKey] = []
+    remaining = list(free)
+    covered = 0
+    while covered < missing:
+        best: tuple[str, list[ReplicaKey]] | None = None
+        for w in remaining:
+            victims = _evict_on(view, ask, w, free[w], set(taken))
+            if victims is not None and (best is None or len(victims) < len(best[1])):
+                best = (w, victims)
+        if best is None:
+            break
+        remaining.remove(best[0])
+        taken.extend(best[1])
+        covered += 1
+    return taken, covered
+
+
+def _evict_on(
+    view: ClusterView, ask: _Ask, worker: str, free: int, taken: set[ReplicaKey]
+) -> list[ReplicaKey] | None:
+    """The replicas to evict on ``worker`` so that ``ask.need`` bytes fit (idle before RUNNING, least
+    recently changed first), or None if even all evictable ones are not enough."""
+    candidates = sorted(
+        (r for r in view.replicas_on(worker) if _evictable(view, r, ask.priority, taken)),
+        key=lambda r: (r.state is S.RUNNING, r.since, r.key),
+    )
+    victims: list[ReplicaKey] = []
+    for r in candidates:
+        if free >= ask.need:
+            break
+        victims.append(r.key)
+        free += replica_bytes(view, r)
+    return victims if free >= ask.need else None
+
+
+def _evictable(view: ClusterView, r: ReplicaInfo, priority: int, taken: set[ReplicaKey]) -> bool:
+    spec = view.specs.get(r.model)
+    if r.state not in EVICTABLE or r.key in taken or spec is None or spec.priority >= priority:
+        return False
+    routing = view.routing.get(r.model)
+    if routing is None or r.version not in routing.versions:
+        return True
+    return any(
+        o.key != r.key and o.key not in taken and o.state is S.RUNNING and _serving(view, o.worker)
+        for o in view.replicas_of(r.model, r.version)
+    )
+
+
+def _serving(view: ClusterView, worker: str) -> bool:
+    w = view.workers.get(worker)
+    return w is not None and not w.stopped
+
+
+# --- shortfall -------------------------------------------------------------------------------------------
+
+
+def _shortfall(view: ClusterView, ask: _Ask, missing: int, free: Mapping[str, int], used: list[str]) -> str:
+    """Why ``missing`` copies found no room: ``free`` has the eligible workers not used for other copies."""
+    head = f"cannot place {ask.model}/{ask.version} ({missing} more {'copy' if missing == 1 else 'copies'})"
+    if not view.workers:
+        return f"{head}: no worker is registered"
+    labelled = [w for w in view.workers.values() if all(w.labels.get(k) == v for k, v in ask.labels.items())]
+    if not labelled:
+        return f"{head}: no worker carries labels {_labels(ask.labels)}"
+    if not free:
+        reasons = sorted(f"{w.id} {_why_not(view, w, ask)}" for w in labelled if w.id not in used)
+        what = f"no other eligible worker than {', '.join(used)}" if used else "no eligible worker"
+        return f"{head}: {what}" + (f": {_listing(reasons)}" if reasons else "")
+    needs = f"needs {format_bytes(ask.need)}" + (f" with labels {_labels(ask.labels)}" if ask.labels else "")
+    ranked = sorted(free, key=lambda w: (-free[w], w))
+    listing = [f"{ranked[0]} has {format_bytes(free[ranked[0]])} free"]
+    listing += [f"{w} {format_bytes(free[w])}" for w in ranked[1:]]
+    return f"{head}: {needs}; eligible workers: {_listing(listing)}; no lower-priority replica can be evicted"
+
+
+def _labels(labels: Mapping[str, str]) -> str:
+    return "{" + ", ".join(f"{k}={v}" for k, v in sorted(labels.items())) + "}"
+
+
+def _listing(items: list[str], limit: int = 6) -> str:
+    shown = ", ".join(items[:limit])
+    return shown if len(items) <= limit else f"{shown} and {len(items) - limit} more"

@@ -1,0 +1,388 @@
+"""The reconcile planner: a ``ClusterView`` in, idempotent actions and per-model status out (DESIGN.md 6).
+
+Invariants:
+- Pure and deterministic: the same inputs give the same ``Plan``; actions are sorted by model, version,
+  worker (a model's ``PublishRouting`` after its replica actions).
+- At most one action per replica key. Never a ``LoadReplica`` for a key in ``in_flight``, nor onto a worker
+  that is dead, stopped or draining, nor past a worker's memory (placement counts recorded replicas, loads
+  in flight and the loads planned earlier in the same plan).
+- Safe flips: a routing names a version only once it is RUNNING on ``max(1, required)`` replicas on live,
+  not-stopped workers; until then the routing in force stays and ``ModelStatus.pending`` says why.
+- Never unloads below the required RUNNING copies: a drained or excess copy goes only once enough RUNNING
+  copies on usable workers remain. A LOADING replica is left to finish; a stopped worker gets no actions
+  but ``ForgetReplica`` (an emergency stop releases its replicas itself).
+- Models are planned by descending priority, so higher-priority models claim memory first.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from mcp_scheduler.placement import place
+from mcp_scheduler.view import ClusterView, ModelSpecDoc, ReplicaInfo, ReplicaKey, TrafficDoc
+from mcpcore.lifecycle import ReplicaState
+
+__all__ = [
+    "Action",
+    "ForgetReplica",
+    "LoadReplica",
+    "ModelStatus",
+    "PauseReplica",
+    "Plan",
+    "PublishRouting",
+    "ReplicaAction",
+    "StartReplica",
+    "UnloadReplica",
+    "plan",
+]
+
+S = ReplicaState
+#: Replicas that hold (or are getting) their memory and count as copies.
+HEALTHY = frozenset({S.LOADING, S.READY, S.RUNNING, S.PAUSED})
+UNLOADABLE = frozenset({S.READY, S.RUNNING, S.PAUSED})
+
+
+@dataclass(frozen=True)
+class LoadReplica:
+    model: str
+    version: str
+    worker: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class StartReplica:
+    """READY or PAUSED -> RUNNING (the worker's Resume)."""
+
+    model: str
+    version: str
+    worker: str
+
+
+@dataclass(frozen=True)
+class PauseReplica:
+    model: str
+    version: str
+    worker: str
+
+
+@dataclass(frozen=True)
+class UnloadReplica:
+    model: str
+    version: str
+    worker: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class ForgetReplica:
+    """Mark the record ERROR if possible, then delete it at ``revision``."""
+
+    model: str
+    version: str
+    worker: str
+    revision: int
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class PublishRouting:
+    """Write ``/mcp/models/<m>/routing`` (None: delete it)."""
+
+    model: str
+    routing: TrafficDoc | None
+
+
+ReplicaAction = LoadReplica | StartReplica | PauseReplica | UnloadReplica | ForgetReplica
+Action = ReplicaAction | PublishRouting
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    model: str
+    versions: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # version -> (running, required)
+    pending: str = ""
+    error: str = ""
+    error_code: str = ""  # "" or a status code name, e.g. "RESOURCE_EXHAUSTED"
+
+
+@dataclass(frozen=True)
+class Plan:
+    actions: tuple[Action, ...]
+    status: Mapping[str, ModelStatus]
+
+
+def plan(
+    view: ClusterView,
+    *,
+    in_flight: frozenset[ReplicaKey] = frozenset(),
+    backoff: Mapping[ReplicaKey, float] | None = None,
+    extra_copies: Mapping[str, int] | None = None,
+) -> Plan:
+    """The actions that move ``view`` toward its specs and traffic, and each model's status.
+
+    ``in_flight``: loads already under way (counted as copies); ``backoff``: no new load of a key before
+    its time; ``extra_copies``: more copies for hot models (capped by ``max_replicas``).
+    """
+    return _Planner(view, in_flight, backoff or {}, extra_copies or {}).run()
+
+
+def _order(action: Action) -> tuple[str, int, int, str, str]:
+    if isinstance(action, PublishRouting):
+        return (action.model, 1, 0, "", "")
+    return (action.model, 0, int(action.version), action.worker, type(action).__name__)
+
+
+class _Planner:
+    def __init__(
+        self,
+        view: ClusterView,
+        in_flight: frozenset[ReplicaKey],
+        backoff: Mapping[ReplicaKey, float],
+        extra: Mapping[str, int],
+    ) -> None:
+        self.view = view
+        self.in_flight = in_flight
+        self.backoff = backoff
+        self.extra = extra
+        self.actions: dict[ReplicaKey, ReplicaAction] = {}
+        self.publish: list[PublishRouting] = []
+        self.errors: dict[str, list[str]] = defaultdict(list)
+        self.status: dict[str, ModelStatus] = {}
+        self.replicas: dict[ReplicaKey, ReplicaInfo] = dict(view.replicas)  # evicted ones become UNLOADING
+        self.reserved: dict[str, int] = defaultdict(int)
+        for m, v, w in sorted(in_flight):
+            if (m, v, w) not in view.replicas and w in view.workers:
+                self.reserved[w] += self._need_bytes(m, v)
+
+    def run(self) -> Plan:
+        self._forget()
+        for spec in sorted(self.view.specs.values(), key=lambda s: (-s.priority, s.model)):
+            self._model(spec)
+        known = {r.model for r in self.view.replicas.values()} | set(self.view.routing)
+        for model in sorted(known - set(self.view.specs)):
+            self._orphan(model)
+        actions = sorted([*self.actions.values(), *self.publish], key=_order)
+        return Plan(tuple(actions), dict(sorted(self.status.items())))
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    def _add(self, action: ReplicaAction) -> bool:
+        key = (action.model, action.version, action.worker)
+        if key in self.actions:
+            return False
+        self.actions[key] = action
+        return True
+
+    def _usable(self, worker: str) -> bool:
+        w = self.view.workers.get(worker)
+        return w is not None and not w.stopped and not w.draining
+
+    def _serving(self, worker: str) -> bool:
+        w = self.view.workers.get(worker)
+        return w is not None and not w.stopped
+
+    def _copies(self, model: str, version: str) -> list[ReplicaInfo]:
+        """Healthy replicas of ``model``/``version`` on live workers, by worker."""
+        return sorted(
+            (
+                r
+                for r in self.replicas.values()
+                if r.model == model and r.version == version and r.state in HEALTHY
+                if r.worker in self.view.workers
+            ),
+            key=lambda r: r.worker,
+        )
+
+    def _running(self, model: str, version: str) -> int:
+        return sum(
+            1 for r in self._copies(model, version) if r.state is S.RUNNING and self._serving(r.worker)
+        )
+
+    def _need_bytes(self, model: str, version: str) -> int:
+        spec = self.view.specs.get(model)
+        if spec is not None and spec.memory_bytes:
+            return spec.memory_bytes
+        return max((r.memory_bytes for r in self.view.replicas_of(model, version)), default=0)
+
+    def _unload(self, r: ReplicaInfo, reason: str) -> None:
+        if r.state in UNLOADABLE and self._serving(r.worker):
+            self._add(UnloadReplica(r.model, r.version, r.worker, reason))
+
+    # -- records to forget -----------------------------------------------------------------------------
+    def _forget(self) -> None:
+        for key in sorted(self.view.replicas):
+            r = self.view.replicas[key]
+            if r.worker not in self.view.workers:
+                reason = f"worker {r.worker} is gone"
+            elif r.state is S.ERROR:
+                reason = f"failed: {r.reason}" if r.reason else "failed"
+            elif r.state is S.IDLE and key not in self.in_flight:
+                reason = "idle record (unloaded, or a load that never started)"
+            else:
+                continue
+            self._add(ForgetReplica(r.model, r.version, r.worker, r.revision, reason))
+
+    # -- one model ---------------------------------------------------------------------------------------
+    def _model(self, spec: ModelSpecDoc) -> None:
+        m = spec.model
+        wanted = self.view.traffic.get(m) or TrafficDoc(stable=max(spec.versions, key=int))
+        required = self._required(spec, wanted)
+        for v in sorted(required, key=int):
+            copies = self._copies(m, v)
+            self._excess(spec, v, required[v], copies)
+            self._fill(spec, v, required[v])
+            self._lifecycle(spec, v, copies)
+        for r in sorted(self.view.replicas_of(m), key=lambda r: r.key):
+            if r.version not in required:
+                self._unload(r, f"version {r.version} of {m} is no longer needed")
+        self._route(spec, wanted, required)
+
+    def _required(self, spec: ModelSpecDoc, wanted: TrafficDoc) -> dict[str, int]:
+        """Copies required of each needed version."""
+        routed = self.view.routing.get(spec.model)
+        in_play = set(wanted.versions) | set(routed.versions if routed else ())
+        needed = set(spec.versions) | in_play
+        if spec.load_on_demand and spec.replicas == 0:
+            one = self._with_extra(spec, 1) if self._demanded(spec.model, in_play) else 0
+            out = {v: one if v in in_play else 0 for v in needed}
+        else:
+            out = dict.fromkeys(needed, self._with_extra(spec, spec.replicas))
+        if spec.fallback_version is not None:
+            out[spec.fallback_version] = max(1, out.get(spec.fallback_version, 0))
+        return out
+
+    def _with_extra(self, spec: ModelSpecDoc, base: int) -> int:
+        cap = spec.max_replicas or base  # max_replicas 0: no extra copies
+        return max(base, min(base + max(0, self.extra.get(spec.model, 0)), cap))
+
+    def _demanded(self, model: str, in_play: set[str]) -> bool:
+        """A load-on-demand model is wanted once asked for, and stays while it has copies (the router
+        stops asking once a copy exists: dropping it then would make loads flap)."""
+        if any(d.requests > 0 for d in self.view.demand.get(model, ())):
+            return True
+        if any(m == model and v in in_play for m, v, _w in self.in_flight):
+            return True
+        return any(self._copies(model, v) for v in in_play)
+
+    def _excess(self, spec: ModelSpecDoc, version: str, required: int, copies: list[ReplicaInfo]) -> None:
+        """Unload copies beyond ``required`` once that many settled copies sit on usable workers: drained
+        ones first, then the not yet RUNNING, then the newest."""
+        settled = {S.RUNNING, S.PAUSED} if version in spec.paused_versions else {S.RUNNING}
+        good = [r for r in copies if r.state in settled and self._usable(r.worker)]
+        if len(good) < required:
+            return
+        keep = {r.key for r in sorted(good, key=lambda r: (r.since, r.worker))[:required]}
+        for r in copies:
+            if r.key in keep:
+                continue
+            w = self.view.workers[r.worker]
+            why = f"worker {r.worker} is draining" if w.draining else "excess copy"
+            self._unload(r, f"{why}: {len(good)} settled copies of {r.model}/{version}, {required} required")
+
+    def _fill(self, spec: ModelSpecDoc, version: str, required: int) -> None:
+        m = spec.model
+        counted = {r.key for r in self._copies(m, version) if self._usable(r.worker)}
+        counted |= {k for k in self.in_flight if k[:2] == (m, version) and self._in_flight_counts(k)}
+        missing = required - len(counted)
+        if missing <= 0:
+            return
+        now = self.view.now
+        exclude = {k[2] for k, until in self.backoff.items() if k[:2] == (m, version) and until > now}
+        exclude |= {k[2] for k in self.in_flight if k[:2] == (m, version)}  # counted above
+        need = self._need_bytes(m, version)
+        p = place(
+            replace(self.view, replicas=self.replicas),
+            m,
+            version,
+            count=missing,
+            need_bytes=need,
+            priority=spec.priority,
+            labels=spec.labels,
+            exclude=exclude,
+            reserved=self.reserved,
+        )
+        reason = f"{len(counted)}/{required} copies of {m}/{version}"
+        for w in p.workers:
+            if self._add(LoadReplica(m, version, w, reason)):
+                self.reserved[w] += need
+        self._evict(p.evictions, need, f"{m}/{version} (priority {spec.priority})")
+        if p.shortfall:
+            self.errors[m].append(p.shortfall)
+
+    def _in_flight_counts(self, key: ReplicaKey) -> bool:
+        r = self.replicas.get(key)
+        return self._usable(key[2]) and (r is None or r.state in HEALTHY or r.state is S.IDLE)
+
+    def _evict(self, keys: list[ReplicaKey], need: int, room_for: str) -> None:
+        """Unload ``keys``; the room they free stays reserved for ``room_for`` for the rest of this plan, so a
+        lower-priority model cannot take it (and be evicted again next round)."""
+        for key in keys:
+            r = self.replicas[key]
+            if self._add(UnloadReplica(*key, reason=f"evicted to make room for {room_for}")):
+                self.replicas[key] = replace(r, state=S.UNLOADING)
+        for worker in sorted({k[2] for k in keys}):
+            self.reserved[worker] += need
+
+    def _lifecycle(self, spec: ModelSpecDoc, version: str, copies: list[ReplicaInfo]) -> None:
+        paused = version in spec.paused_versions
+        for r in copies:
+            if not self._serving(r.worker):
+                continue  # an emergency stop releases its replicas itself
+            if r.state in (S.READY, S.PAUSED) and not paused:
+                self._add(StartReplica(r.model, r.version, r.worker))
+            elif r.state is S.RUNNING and paused:
+                self._add(PauseReplica(r.model, r.version, r.worker))
+
+    # -- routing and status ----------------------------------------------------------------------------
+    def _route(self, spec: ModelSpecDoc, wanted: TrafficDoc, required: Mapping[str, int]) -> None:
+        m = spec.model
+        running = {v: self._running(m, v) for v in required}
+        short = [v for v in wanted.versions if running.get(v, 0) < max(1, required.get(v, 0))]
+        current = self.view.routing.get(m)
+        routing = current if short else wanted
+        if routing != current:
+            self.publish.append(PublishRouting(m, routing))
+        errors = self.errors.get(m, [])
+        pending = ""
+        if short:
+            pending = self._pending(
+                spec, wanted=wanted, current=current, short=short, running=running, required=required
+            )
+        self.status[m] = ModelStatus(
+            model=m,
+            versions={v: (running[v], required[v]) for v in sorted(required, key=int)},
+            pending=pending,
+            error="; ".join(errors),
+            error_code="RESOURCE_EXHAUSTED" if errors else "",
+        )
+
+    @staticmethod
+    def _pending(
+        spec: ModelSpecDoc,
+        *,
+        wanted: TrafficDoc,
+        current: TrafficDoc | None,
+        short: list[str],
+        running: Mapping[str, int],
+        required: Mapping[str, int],
+    ) -> str:
+        if spec.load_on_demand and all(required.get(v, 0) == 0 for v in short):
+            return "not loaded: loads on demand, when a request asks for it"
+
+        def on(v: str) -> str:
+            paused = " (paused)" if v in spec.paused_versions else ""
+            return f"{running.get(v, 0)}/{max(1, required.get(v, 0))} replicas{paused}"
+
+        if current is None:
+            return "loading " + ", ".join(f"version {v} on {on(v)}" for v in short)
+        if current == wanted:
+            return "degraded: " + ", ".join(f"version {v} RUNNING on {on(v)}" for v in short)
+        return "pending: " + ", ".join(f"version {v} loading on {on(v)}" for v in short)
+
+    def _orphan(self, model: str) -> None:
+        for r in sorted(self.view.replicas_of(model), key=lambda r: r.key):
+            self._unload(r, f"model {model} has no spec")
+        if model in self.view.routing:
+            self.publish.append(PublishRouting(model, None))

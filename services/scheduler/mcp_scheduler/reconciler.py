@@ -1,0 +1,267 @@
+"""The reconcile loop: desired state (specs, traffic) vs actual (replicas, workers) → idempotent actions.
+
+Invariants:
+- Only the leader acts. Every round plans from one ``ClusterView`` (``plan.plan``, pure) and executes the
+  actions concurrently, at most one at a time per replica; a replica action still running is passed to
+  the planner as in flight, so no replica is ever loaded twice.
+- Every action is idempotent (a worker's Load of a loaded version, a Resume of a RUNNING one, a delete
+  guarded by revision), so a new leader can replay whatever the last one was doing: all state is in etcd.
+- A failed action backs off per replica (doubling to a maximum), is logged and counted; its error is
+  published in the model's status until an action on that model succeeds. The loop itself never dies.
+- The leader publishes each model's status (``/mcp/models/<m>/status``) when it changes, so any scheduler
+  instance, ``mcpctl`` or ``etcdctl`` can read why a model is pending or failing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from mcp_scheduler import docs
+from mcp_scheduler.config import SchedulerConfig
+from mcp_scheduler.hot import HotCopies
+from mcp_scheduler.plan import (
+    ForgetReplica,
+    LoadReplica,
+    ModelStatus,
+    PauseReplica,
+    Plan,
+    PublishRouting,
+    StartReplica,
+    UnloadReplica,
+    plan,
+)
+from mcp_scheduler.state import ClusterState
+from mcp_scheduler.view import ClusterView
+from mcp_scheduler.worker_client import WorkerClients
+from mcpcore.errors import FailedPrecondition, MCPError, NotFound
+from mcpcore.keys import Keyspace, ReplicaId
+from mcpcore.lifecycle import ReplicaLifecycle, ReplicaState
+from mcpcore.store import Store
+
+__all__ = ["Reconciler"]
+
+log = logging.getLogger(__name__)
+Action = LoadReplica | StartReplica | PauseReplica | UnloadReplica | ForgetReplica | PublishRouting
+
+
+class Reconciler:
+    def __init__(
+        self,
+        state: ClusterState,
+        store: Store,
+        keys: Keyspace,
+        clients: WorkerClients,
+        config: SchedulerConfig,
+        *,
+        is_leader: Callable[[], bool],
+        on_error: Callable[[str], None] = lambda loop: None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._state = state
+        self._store = store
+        self._keys = keys
+        self._lifecycle = ReplicaLifecycle(store, keys)
+        self._clients = clients
+        self._config = config
+        self._is_leader = is_leader
+        self._on_error = on_error
+        self._clock = clock
+        self._hot = HotCopies(config.hot_quiet_period_s)
+        self._running: dict[tuple[str, ...], asyncio.Task[None]] = {}
+        self._backoff: dict[tuple[str, str, str], tuple[float, float]] = {}  # key -> (until, delay)
+        self._errors: dict[str, tuple[str, str, float]] = {}  # model -> (code, message, at)
+        self._published: dict[str, bytes] = {}
+        self._slots = asyncio.Semaphore(config.max_parallel_actions)
+        self._task: asyncio.Task[None] | None = None
+        self.rounds = 0
+        self.last_plan: Plan | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="reconcile")
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._task, *self._running.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _loop(self) -> None:
+        while True:
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that races a wake-up,
+            # and stop() would then wait for this loop forever
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._config.reconcile_interval_s):
+                    await self._state.changed.wait()
+            self._state.changed.clear()
+            if not self._is_leader():
+                continue
+            try:
+                await self.reconcile_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self._on_error("reconcile")
+                log.exception("reconcile round failed; the next round starts on the next change")
+
+    async def reconcile_once(self, view: ClusterView | None = None) -> Plan:
+        """Plan from the current state and start every action not already running."""
+        view = view or self._state.view()
+        # read with the view, before any await: status says which spec revision it was planned from
+        spec_revisions = {m: self._state.mod_revision(self._keys.model_spec(m)) for m in view.specs}
+        now = self._clock()
+        in_flight = frozenset(k for k in self._running if len(k) == 3)
+        backoff = {k: until for k, (until, _) in self._backoff.items() if until > now}
+        result = plan(view, in_flight=in_flight, backoff=backoff, extra_copies=self._hot.update(view))
+        self.rounds += 1
+        self.last_plan = result
+        for action in result.actions:
+            key = _key(action)
+            if key not in self._running:
+                task = asyncio.create_task(self._run(action, view))
+                self._running[key] = task
+                task.add_done_callback(lambda _t, k=key: self._running.pop(k, None))
+        await self._publish_status(result.status, view, spec_revisions)
+        return result
+
+    # -- actions ---------------------------------------------------------------------------------------
+    async def _run(self, action: Action, view: ClusterView) -> None:
+        async with self._slots:
+            try:
+                await self._execute(action, view)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._failed(action, exc)
+            else:
+                if not isinstance(action, PublishRouting):
+                    self._backoff.pop((action.model, action.version, action.worker), None)
+                if isinstance(action, LoadReplica):
+                    self._errors.pop(action.model, None)
+            finally:
+                self._state.changed.set()  # plan again with what this action changed
+
+    async def _execute(self, action: Action, view: ClusterView) -> None:
+        if isinstance(action, PublishRouting):
+            key = self._keys.model_routing(action.model)
+            if action.routing is None:
+                await self._store.delete(key)
+            else:
+                await self._store.put(key, docs.routing_to_json(action.routing))
+            log.info("routing of %s now %s", action.model, action.routing)
+            return
+        if isinstance(action, ForgetReplica):
+            await self._forget(action)
+            return
+        worker = view.workers.get(action.worker)
+        if worker is None:
+            raise NotFound(f"worker {action.worker} is gone")
+        if isinstance(action, LoadReplica):
+            spec = view.specs[action.model]
+            log.info("loading %s/%s on %s (%s)", action.model, action.version, action.worker, action.reason)
+            await self._clients.load(
+                worker.grpc,
+                action.model,
+                action.version,
+                memory_bytes=spec.memory_bytes,
+                max_batch_size=spec.max_batch_size,
+                max_queue_delay_us=spec.max_queue_delay_us,
+                priority=spec.priority,
+                latency_sensitivity=spec.latency_sensitivity,
+            )
+        elif isinstance(action, StartReplica):
+            await self._clients.resume(worker.grpc, action.model, action.version)
+        elif isinstance(action, PauseReplica):
+            await self._clients.pause(worker.grpc, action.model, action.version)
+        elif isinstance(action, UnloadReplica):
+            log.info("unloading %s/%s on %s (%s)", action.model, action.version, action.worker, action.reason)
+            with contextlib.suppress(NotFound):  # not held there: the stale record is forgotten next round
+                await self._clients.unload(worker.grpc, action.model, action.version)
+
+    async def _forget(self, action: ForgetReplica) -> None:
+        rid = ReplicaId(action.model, action.version, action.worker)
+        revision = action.revision
+        record = await self._lifecycle.get(rid)
+        if record is None or record.revision != revision:
+            return  # changed meanwhile: the next round decides again
+        if record.state not in (ReplicaState.ERROR, ReplicaState.IDLE):
+            with contextlib.suppress(FailedPrecondition):
+                revision = (
+                    await self._lifecycle.transition(
+                        rid, ReplicaState.ERROR, reason=action.reason, expected_revision=revision
+                    )
+                ).revision
+        log.info("forgetting replica %s: %s", rid, action.reason)
+        with contextlib.suppress(FailedPrecondition):
+            await self._lifecycle.remove(rid, expected_revision=revision)
+
+    def _failed(self, action: Action, exc: BaseException) -> None:
+        self._on_error("action")
+        message = exc.message if isinstance(exc, MCPError) else f"{type(exc).__name__}: {exc}"
+        code = exc.code.name if isinstance(exc, MCPError) else "INTERNAL"
+        log.warning("%s failed: %s", action, message)
+        if isinstance(action, PublishRouting):
+            return
+        key = (action.model, action.version, action.worker)
+        _, delay = self._backoff.get(key, (0.0, self._config.retry_backoff_s / 2))
+        delay = min(delay * 2, self._config.retry_backoff_max_s)
+        self._backoff[key] = (self._clock() + delay, delay)
+        if isinstance(action, LoadReplica):
+            self._errors[action.model] = (
+                code,
+                f"{action.model}/{action.version} on {action.worker}: {message}",
+                self._clock(),
+            )
+
+    # -- status ----------------------------------------------------------------------------------------
+    async def _publish_status(
+        self, status: Mapping[str, ModelStatus], view: ClusterView, spec_revisions: Mapping[str, int]
+    ) -> None:
+        docs_now = {}
+        for model in sorted(set(status) | set(self._published)):
+            doc = self._status_doc(model, status.get(model), view)
+            if doc is not None:
+                doc["spec_revision"] = spec_revisions.get(model, 0)
+            docs_now[model] = (
+                None if doc is None else json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+            )
+        for model, raw in docs_now.items():
+            if raw == self._published.get(model):
+                continue
+            key = self._keys.model_status(model)
+            try:
+                if raw is None:
+                    await self._store.delete(key)
+                    self._published.pop(model, None)
+                else:
+                    await self._store.put(key, raw)
+                    self._published[model] = raw
+            except MCPError as exc:
+                self._on_error("status")
+                log.warning("could not publish the status of %s: %s", model, exc.message)
+
+    def _status_doc(self, model: str, status: ModelStatus | None, view: ClusterView) -> dict[str, Any] | None:
+        if status is None and model not in view.specs:
+            return None
+        doc: dict[str, Any] = {"model": model, "versions": {}, "pending": "", "error": "", "error_code": ""}
+        if status is not None:
+            doc["versions"] = {v: {"running": r, "required": q} for v, (r, q) in status.versions.items()}
+            doc.update(pending=status.pending, error=status.error, error_code=status.error_code)
+        failure = self._errors.get(model)
+        if failure is not None and not doc["error"]:
+            doc.update(error_code=failure[0], error=failure[1])
+        rejected = self._state.rejections.get(self._keys.model_traffic(model))
+        if rejected:
+            doc["traffic_rejected"] = rejected
+        return doc
+
+
+def _key(action: Action) -> tuple[str, ...]:
+    if isinstance(action, PublishRouting):
+        return ("routing", action.model)
+    return (action.model, action.version, action.worker)

@@ -1,0 +1,126 @@
+"""The scheduler process: state mirror, leader election, reconcile loop, v1 + v2 API on one port, metrics.
+
+Every instance mirrors etcd and serves the API; only the elected leader reconciles. Losing the lease stops
+reconciling at once; the actions already running finish (they are idempotent, so the next leader may
+repeat them safely).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from prometheus_client import CollectorRegistry
+
+from mcp_scheduler.config import SchedulerConfig
+from mcp_scheduler.reconciler import Reconciler
+from mcp_scheduler.service import ControlService
+from mcp_scheduler.servicer_v1 import ModelControlV1
+from mcp_scheduler.servicer_v2 import ModelControlV2
+from mcp_scheduler.state import ClusterState
+from mcp_scheduler.worker_client import WorkerClients
+from mcpapi.v1 import control_pb2_grpc as v1_grpc
+from mcpapi.v2 import control_pb2_grpc as v2_grpc
+from mcpcore.election import LeaderElection
+from mcpcore.errors import aio_server_interceptor
+from mcpcore.etcd_store import EtcdStore
+from mcpcore.keys import Keyspace
+from mcpcore.metrics import CommonMetrics, start_metrics_server
+
+__all__ = ["Scheduler"]
+
+log = logging.getLogger(__name__)
+SERVICES = ("mcpapi.v1.ModelControl", "mcpapi.v2.ModelControl")
+
+
+class SchedulerMetrics(CommonMetrics):
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(registry)
+        self.is_leader = self.gauge("mcp_scheduler_leader_ratio", "1 while this scheduler leads, else 0.")
+        self.actions = self.counter(
+            "mcp_scheduler_rounds_total", "Reconcile rounds planned by this scheduler while leading."
+        )
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.metrics = SchedulerMetrics(CollectorRegistry())
+        self.keys = Keyspace(config.etcd_prefix)
+        self.store = EtcdStore(config.etcd_endpoints, timeout=config.etcd_timeout_s)
+        self.state = ClusterState(
+            self.store,
+            self.keys,
+            on_rejected=self.metrics.count_config_rejected,
+            on_error=self.metrics.count_loop_error,
+            on_applied=self.metrics.watch_apply.labels("scheduler").observe,
+        )
+        self.election = LeaderElection(
+            self.store,
+            self.keys.leader("scheduler"),
+            config.scheduler_id,
+            ttl=config.leader_ttl_s,
+            on_change=self._leadership,
+            on_error=self.metrics.count_loop_error,
+        )
+        self.clients = WorkerClients(timeout_s=config.worker_timeout_s)
+        self.reconciler = Reconciler(
+            self.state,
+            self.store,
+            self.keys,
+            self.clients,
+            config,
+            is_leader=lambda: self.election.is_leader,
+            on_error=self.metrics.count_loop_error,
+        )
+        self.service = ControlService(self.state, self.store, self.keys)
+        self.health = HealthServicer()
+        self.grpc = grpc.aio.server(interceptors=[aio_server_interceptor()])
+        self._metrics_server: Any = None
+        self.endpoints: dict[str, str] = {}
+
+    async def start(self) -> dict[str, str]:
+        cfg = self.config
+        self._metrics_server, metrics_port = start_metrics_server(
+            cfg.metrics_port, cfg.metrics_host, registry=self.metrics.registry
+        )
+        await self.store.connect()
+        await self.state.start()
+        v1_grpc.add_ModelControlServicer_to_server(ModelControlV1(self.service), self.grpc)
+        v2_grpc.add_ModelControlServicer_to_server(
+            ModelControlV2(self.service, self.state, self.keys), self.grpc
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
+        port = self.grpc.add_insecure_port(f"{cfg.grpc_host}:{cfg.grpc_port}")
+        await self.grpc.start()
+        self.reconciler.start()
+        await self.election.start()
+        for name in ("", *SERVICES):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self.endpoints = {
+            "scheduler_id": cfg.scheduler_id,
+            "grpc": f"{cfg.grpc_host}:{port}",
+            "metrics": f"{cfg.metrics_host}:{metrics_port}",
+        }
+        return self.endpoints
+
+    async def stop(self) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.election.stop()
+        await self.reconciler.stop()
+        await self.grpc.stop(grace=1.0)
+        await self.state.stop()
+        await self.clients.close()
+        await self.store.close()
+        if self._metrics_server is not None:
+            self._metrics_server.stop()
+
+    async def _leadership(self, leading: bool) -> None:
+        self.metrics.is_leader.set(1 if leading else 0)
+        log.info("scheduler %s %s", self.config.scheduler_id, "leads" if leading else "follows")
+        if leading:
+            self.state.changed.set()  # reconcile at once

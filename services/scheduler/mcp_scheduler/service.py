@@ -1,0 +1,277 @@
+"""The model-control API as one transport-neutral object; the v1 and v2 servicers adapt protobuf to it.
+
+Invariants:
+- The API only writes desired state (spec, traffic, breaker, drain) to etcd, by compare-and-swap where a
+  read-modify-write is involved; the leader's reconcile loop makes it real. Any scheduler instance,
+  leader or standby, can serve the API.
+- Calls that wait (LoadModel, UnloadModel, Pause/Resume) wait on the state mirror (watch-fed, no polling
+  of etcd) until the published status says done, failed, or the caller's deadline is near. A LoadModel
+  that fails for a model it created removes that model's spec again, so a failed load leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from mcp_scheduler import docs
+from mcp_scheduler.state import ClusterState
+from mcp_scheduler.view import ModelSpecDoc, ReplicaInfo, TrafficDoc
+from mcpcore.breaker import BreakerDoc, breaker_to_json, parse_breaker
+from mcpcore.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    error_for_code,
+)
+from mcpcore.keys import Keyspace, check_name, check_version
+from mcpcore.lifecycle import ReplicaState
+from mcpcore.store import Compare, Delete, Put, Store
+
+__all__ = ["ControlService", "ModelStatusView"]
+
+DEFAULT_WAIT_S = 60.0
+S = ReplicaState
+HEADLINE_ORDER = (S.RUNNING, S.PAUSED, S.READY, S.LOADING, S.UNLOADING, S.RECOVERING, S.ERROR, S.IDLE)
+
+
+@dataclass(frozen=True)
+class ModelStatusView:
+    model: str
+    spec: ModelSpecDoc | None
+    traffic: TrafficDoc | None
+    routing: TrafficDoc | None
+    replicas: tuple[ReplicaInfo, ...]
+    status: dict[str, Any] = field(default_factory=dict)
+    breaker: BreakerDoc | None = None
+
+    @property
+    def state(self) -> ReplicaState | None:
+        """The model's headline state: RUNNING if any replica runs, else the most advanced one."""
+        states = {r.state for r in self.replicas}
+        return next((s for s in HEADLINE_ORDER if s in states), None)
+
+
+class ControlService:
+    def __init__(
+        self, state: ClusterState, store: Store, keys: Keyspace, *, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._state = state
+        self._store = store
+        self._keys = keys
+        self._clock = clock
+
+    # -- reading ---------------------------------------------------------------------------------------
+    def status(self, model: str, version: str = "") -> ModelStatusView:
+        check_name(model, "model name")
+        if version:
+            check_version(version)
+        view = self._state.view()
+        replicas = tuple(sorted(view.replicas_of(model, version or None), key=lambda r: r.key))
+        spec = view.specs.get(model)
+        if spec is None and not replicas:
+            raise NotFound(f"model {model} is not registered; load it first")
+        raw_breaker = self._state.raw(self._keys.breaker(model))
+        breaker = None
+        if raw_breaker is not None:
+            try:
+                breaker = parse_breaker(model, raw_breaker)
+            except InvalidArgument:
+                breaker = None
+        return ModelStatusView(
+            model,
+            spec,
+            view.traffic.get(model),
+            view.routing.get(model),
+            replicas,
+            self._state.status_doc(model) or {},
+            breaker,
+        )
+
+    def list_models(self, prefix: str = "") -> list[ModelStatusView]:
+        view = self._state.view()
+        names = sorted({m for m in view.specs} | {r.model for r in view.replicas.values()})
+        return [self.status(m) for m in names if m.startswith(prefix)]
+
+    # -- loading ---------------------------------------------------------------------------------------
+    async def load_model(self, spec: ModelSpecDoc, *, timeout_s: float | None = None) -> ModelStatusView:
+        docs.parse_spec(spec.model, docs.spec_to_json(spec))  # the same rules as an operator's write
+        key = self._keys.model_spec(spec.model)
+        created = False
+
+        def merge(current: ModelSpecDoc | None) -> ModelSpecDoc:
+            nonlocal created
+            created = current is None
+            if current is None:
+                return spec
+            versions = tuple(sorted(set(current.versions) | set(spec.versions), key=int))
+            paused = tuple(v for v in current.paused_versions if v in versions)
+            return replace(spec, versions=versions, paused_versions=paused)
+
+        revision = await self._update_spec(spec.model, merge)
+        try:
+            await self._wait(
+                spec.model,
+                lambda s: self._loaded(s, spec.versions),
+                min_revision=revision,
+                timeout_s=timeout_s,
+                what=f"load of {spec.model}",
+            )
+        except Exception:
+            if created:  # a failed load of a new model leaves nothing behind
+                await self._store.txn([Compare(key, revision)], [Delete(key)])
+            raise
+        return self.status(spec.model)
+
+    async def unload_model(
+        self, model: str, version: str = "", *, timeout_s: float | None = None
+    ) -> ModelStatusView:
+        check_name(model, "model name")
+        if version:
+            check_version(version)
+        before = self.status(model)
+        if before.routing is not None and version and version in before.routing.versions:
+            split = docs.routing_to_json(before.routing).decode()
+            raise FailedPrecondition(
+                f"version {version} of {model} receives traffic ({split}); move traffic to another version "
+                "first (SetTraffic)"
+            )
+        spec = before.spec
+        if spec is not None:
+            remaining = tuple(v for v in spec.versions if v != version) if version else ()
+            if remaining:
+                await self._update_spec(
+                    model,
+                    lambda cur: replace(
+                        cur or spec,
+                        versions=remaining,
+                        paused_versions=tuple(v for v in (cur or spec).paused_versions if v in remaining),
+                    ),
+                )
+            else:
+                await self._store.delete(self._keys.model_spec(model))
+                await self._store.delete(self._keys.model_traffic(model))
+        await self._wait(
+            model,
+            lambda s: not s.replicas,
+            timeout_s=timeout_s,
+            what=f"unload of {model}",
+            version=version,
+        )
+        return before
+
+    # -- traffic, pause, breakers, drain -------------------------------------------------------------
+    async def set_traffic(self, model: str, traffic: TrafficDoc) -> tuple[TrafficDoc, str]:
+        raw = docs.traffic_to_json(traffic)  # checks it with the same rules as an operator's etcdctl put
+        if self._state.spec(model) is None:
+            raise NotFound(f"model {model} is not registered; load it before setting its traffic")
+        await self._store.put(self._keys.model_traffic(model), raw)
+        await self._state.wait_change(1.0)
+        return traffic, self.status(model).status.get("pending", "")
+
+    async def set_paused(
+        self, model: str, version: str, paused: bool, *, timeout_s: float | None = None
+    ) -> ModelStatusView:
+        check_version(version)
+
+        def change(cur: ModelSpecDoc | None) -> ModelSpecDoc:
+            if cur is None:
+                raise NotFound(f"model {model} is not registered")
+            if version not in cur.versions:
+                raise NotFound(
+                    f"version {version} of {model} is not loaded; loaded: {', '.join(cur.versions)}"
+                )
+            rest = tuple(v for v in cur.paused_versions if v != version)
+            return replace(cur, paused_versions=(*rest, version) if paused else rest)
+
+        revision = await self._update_spec(model, change)
+        want = ReplicaState.PAUSED if paused else ReplicaState.RUNNING
+        await self._wait(
+            model,
+            lambda s: bool(s.replicas) and all(r.state is want for r in s.replicas),
+            min_revision=revision,
+            timeout_s=timeout_s,
+            what=f"{'pause' if paused else 'resume'} of {model}/{version}",
+            version=version,
+        )
+        return self.status(model, version)
+
+    async def set_breaker(self, model: str, doc: BreakerDoc, *, clear: bool = False) -> BreakerDoc | None:
+        check_name(model, "model name")
+        key = self._keys.breaker(model)
+        if clear:
+            await self._store.delete(key)
+            return None
+        doc = replace(doc, since=doc.since or self._clock())
+        await self._store.put(key, breaker_to_json(doc))
+        return doc
+
+    def breaker(self, model: str) -> BreakerDoc:
+        raw = self._state.raw(self._keys.breaker(model))
+        return BreakerDoc() if raw is None else parse_breaker(model, raw)
+
+    async def drain(self, worker: str, reason: str) -> list[ReplicaInfo]:
+        check_name(worker, "worker id")
+        view = self._state.view()
+        if worker not in view.workers:
+            raise NotFound(f"worker {worker} is not registered")
+        doc = {"reason": reason or "drained by an operator", "at": self._clock()}
+        await self._store.put(self._keys.drain(worker), json.dumps(doc).encode())
+        return sorted(view.replicas_on(worker), key=lambda r: r.key)
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    async def _update_spec(self, model: str, change: Callable[[ModelSpecDoc | None], ModelSpecDoc]) -> int:
+        """Read-modify-write of a spec by compare-and-swap; returns the revision written."""
+        key = self._keys.model_spec(model)
+        for _ in range(10):
+            kv = await self._store.get(key)
+            current = None if kv is None else docs.parse_spec(model, kv.value)
+            result = await self._store.txn(
+                [Compare(key, kv.mod_revision if kv else 0)], [Put(key, docs.spec_to_json(change(current)))]
+            )
+            if result.succeeded:
+                return result.revision
+        raise FailedPrecondition(f"the spec of {model} keeps changing under concurrent writers; retry")
+
+    def _loaded(self, status: ModelStatusView, versions: tuple[str, ...]) -> bool:
+        counts = status.status.get("versions", {})
+        return all(
+            v in counts and counts[v]["required"] > 0 and counts[v]["running"] >= counts[v]["required"]
+            for v in versions
+        ) or (status.spec is not None and status.spec.load_on_demand and status.spec.replicas == 0)
+
+    async def _wait(
+        self,
+        model: str,
+        done: Callable[[ModelStatusView], bool],
+        *,
+        timeout_s: float | None,
+        what: str,
+        version: str = "",
+        min_revision: int = 0,
+    ) -> None:
+        """Wait until ``done``; only a status planned from spec revision >= ``min_revision`` counts."""
+        deadline = time.monotonic() + (DEFAULT_WAIT_S if timeout_s is None else timeout_s)
+        while True:
+            try:
+                status = self.status(model, version)
+            except NotFound:
+                status = ModelStatusView(model, None, None, None, ())
+            if status.status.get("spec_revision", 0) < min_revision:
+                status = replace(status, status={})  # planned before our change: not an answer yet
+            if done(status):
+                return
+            doc = status.status
+            if doc.get("error_code") and doc.get("error"):
+                raise error_for_code(doc["error_code"], doc["error"])
+            left = deadline - time.monotonic()
+            if left <= 0:
+                pending = doc.get("pending") or "no progress reported yet"
+                raise DeadlineExceeded(
+                    f"{what} did not finish in time ({pending}); it goes on in the background"
+                )
+            await self._state.wait_change(min(left, 1.0))

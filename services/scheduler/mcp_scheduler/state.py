@@ -1,0 +1,264 @@
+"""The scheduler's mirror of etcd: one list-then-watch over the mesh's prefix, turned into ``ClusterView``s.
+
+Invariants:
+- The mirror is a dict of raw values by key, updated in revision order from one watch; a view is parsed
+  from it on demand, so the planner always sees one consistent revision.
+- An operator-written document that does not parse (spec, traffic) is rejected: logged, counted
+  (``mcp_config_rejected_total``) and ignored, and the last good value stays in force; the rejection is kept
+  so status can say why a write had no effect.
+- If the watch history was compacted, the mirror is rebuilt from a fresh list; a watch error backs off and
+  resumes from the last revision applied (the store resumes across reconnects by itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from mcp_scheduler import docs
+from mcp_scheduler.view import ClusterView, Demand, ModelSpecDoc, ReplicaInfo, TrafficDoc, WorkerInfo
+from mcpcore.errors import InvalidArgument
+from mcpcore.keys import Keyspace
+from mcpcore.store import EventType, Store, WatchCompacted
+
+__all__ = ["ClusterState", "Subscription"]
+
+log = logging.getLogger(__name__)
+
+
+class Subscription:
+    """A bounded queue of applied events; ``overflowed`` once its reader fell too far behind."""
+
+    def __init__(self, maxsize: int = 10_000) -> None:
+        self.queue: asyncio.Queue[tuple[EventType, str, bytes, int] | None] = asyncio.Queue(maxsize + 1)
+        self._room = maxsize
+        self.overflowed = False
+
+    def offer(self, event: tuple[EventType, str, bytes, int]) -> bool:
+        if self.queue.qsize() >= self._room:
+            self.overflowed = True
+            self.queue.put_nowait(None)  # wakes the reader, which then reports the overflow
+            return False
+        self.queue.put_nowait(event)
+        return True
+
+
+class ClusterState:
+    def __init__(
+        self,
+        store: Store,
+        keys: Keyspace,
+        *,
+        on_rejected: Callable[[str], None] = lambda key: None,
+        on_error: Callable[[str], None] = lambda loop: None,
+        on_applied: Callable[[float], None] = lambda seconds: None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._keys = keys
+        self._on_rejected = on_rejected
+        self._on_error = on_error
+        self._on_applied = on_applied
+        self._clock = clock
+        self._raw: dict[str, bytes] = {}
+        self._revisions: dict[str, int] = {}
+        self._good: dict[str, Any] = {}  # key -> last good parsed operator document
+        self._parsed: dict[str, tuple[int, Any]] = {}  # key -> (revision, parsed): views reuse it
+        self.rejections: dict[str, str] = {}  # key -> why its current value was ignored
+        self.revision = 0
+        self.changed = asyncio.Event()
+        self.synced = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._waiters: set[asyncio.Future[None]] = set()
+        self._subscribers: set[Subscription] = set()
+
+    # -- change notification ---------------------------------------------------------------------------
+    async def wait_change(self, timeout_s: float) -> None:
+        """Return after the next applied change, or after ``timeout_s``."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.add(waiter)
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await waiter
+        finally:
+            self._waiters.discard(waiter)
+
+    def subscribe(self) -> Subscription:
+        """Every applied event from now on (for WatchModels); ``unsubscribe`` when done."""
+        sub = Subscription()
+        self._subscribers.add(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        self._subscribers.discard(sub)
+
+    def _notify(self) -> None:
+        self.changed.set()
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiters.clear()
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self._relist()
+        self._task = asyncio.create_task(self._watch(), name="scheduler-state-watch")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _relist(self) -> None:
+        snapshot = await self._store.get_prefix(self._keys.prefix + "/")
+        self._raw = {kv.key: kv.value for kv in snapshot.items}
+        self._revisions = {kv.key: kv.mod_revision for kv in snapshot.items}
+        self.revision = snapshot.revision
+        for key in list(self._raw):
+            self._check(key)
+        self.synced.set()
+        self._notify()
+
+    async def _watch(self) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                stream = self._store.watch_prefix(self._keys.prefix + "/", start_revision=self.revision + 1)
+                async with contextlib.aclosing(stream) as events:
+                    async for batch in events:
+                        started = time.perf_counter()
+                        for ev in batch:
+                            self._apply(ev.type, ev.key, ev.value, ev.mod_revision)
+                        self._notify()
+                        self._on_applied(time.perf_counter() - started)
+                        backoff = 0.1
+            except asyncio.CancelledError:
+                raise
+            except WatchCompacted:
+                log.warning("watch history compacted; re-listing the cluster state")
+                await self._relist_with_retry()
+            except Exception as exc:
+                self._on_error("state_watch")
+                log.warning("state watch failed (%s); resuming in %.1fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def _relist_with_retry(self) -> None:
+        while True:
+            try:
+                await self._relist()
+                return
+            except Exception as exc:
+                self._on_error("state_relist")
+                log.warning("re-list failed (%s); retrying", exc)
+                await asyncio.sleep(1.0)
+
+    def _apply(self, kind: EventType, key: str, value: bytes, revision: int) -> None:
+        self.revision = max(self.revision, revision)
+        for sub in list(self._subscribers):
+            if not sub.offer((kind, key, value, revision)):
+                self._subscribers.discard(sub)  # a watcher that does not read is dropped, never waited for
+
+        if kind is EventType.DELETE:
+            self._raw.pop(key, None)
+            self._revisions.pop(key, None)
+            self._good.pop(key, None)
+            self._parsed.pop(key, None)
+            self.rejections.pop(key, None)
+            return
+        self._raw[key] = value
+        self._revisions[key] = revision
+        self._check(key)
+
+    def _check(self, key: str) -> None:
+        """Validate an operator-writable document as it arrives, keeping the last good one."""
+        parsed = self._keys.parse_model_key(key)
+        if parsed is None or parsed[1] not in ("spec", "traffic"):
+            return
+        model, what = parsed
+        parse = docs.parse_spec if what == "spec" else docs.parse_traffic
+        try:
+            self._good[key] = parse(model, self._raw[key])
+            self.rejections.pop(key, None)
+        except InvalidArgument as exc:
+            self.rejections[key] = exc.message
+            self._on_rejected(what)
+            kept = "the last good value stays" if key in self._good else "nothing is in force"
+            log.warning("rejected %s: %s (%s)", key, exc.message, kept)
+
+    # -- reading ---------------------------------------------------------------------------------------
+    def raw(self, key: str) -> bytes | None:
+        return self._raw.get(key)
+
+    def mod_revision(self, key: str) -> int:
+        return self._revisions.get(key, 0)
+
+    def spec(self, model: str) -> ModelSpecDoc | None:
+        return self._good.get(self._keys.model_spec(model))
+
+    def status_doc(self, model: str) -> dict[str, Any] | None:
+        raw = self._raw.get(self._keys.model_status(model))
+        try:
+            return None if raw is None else json.loads(raw)
+        except ValueError:
+            return None
+
+    def _cached(self, key: str, parse: Callable[[], Any]) -> Any:
+        revision = self._revisions.get(key, 0)
+        hit = self._parsed.get(key)
+        if hit is not None and hit[0] == revision:
+            return hit[1]
+        value = parse()
+        self._parsed[key] = (revision, value)
+        return value
+
+    def view(self) -> ClusterView:
+        k = self._keys
+        workers: dict[str, WorkerInfo] = {}
+        specs: dict[str, ModelSpecDoc] = {}
+        traffic: dict[str, TrafficDoc] = {}
+        routing: dict[str, TrafficDoc] = {}
+        replicas: dict[tuple[str, str, str], ReplicaInfo] = {}
+        demand: dict[str, list[Demand]] = {}
+        drains = {w for key in self._raw if (w := k.parse_drain_key(key)) is not None}
+        for key, raw in self._raw.items():
+            try:
+                if (wk := k.parse_worker_key(key)) is not None:
+                    if not wk[1]:
+                        load = self._raw.get(k.worker_load(wk[0]))
+                        workers[wk[0]] = docs.parse_worker(wk[0], raw, load, wk[0] in drains)
+                elif (mk := k.parse_model_key(key)) is not None:
+                    model, what = mk
+                    if what == "spec" and key in self._good:
+                        specs[model] = self._good[key]
+                    elif what == "traffic" and key in self._good:
+                        traffic[model] = self._good[key]
+                    elif what == "routing":
+                        routing[model] = self._cached(key, lambda m=model, r=raw: docs.parse_routing(m, r))
+                elif (rid := k.parse_replica_key(key)) is not None:
+                    revision = self._revisions.get(key, 0)
+                    replicas[(rid.model, rid.version, rid.worker)] = self._cached(
+                        key,
+                        lambda i=rid, r=raw, rev=revision: docs.parse_replica(
+                            i.model, i.version, i.worker, r, rev
+                        ),
+                    )
+                elif (dk := k.parse_demand_key(key)) is not None:
+                    demand.setdefault(dk[0], []).append(docs.parse_demand(dk[0], dk[1], raw))
+            except InvalidArgument as exc:
+                log.debug("ignoring %s: %s", key, exc.message)
+        return ClusterView(
+            now=self._clock(),
+            workers=workers,
+            specs=specs,
+            traffic=traffic,
+            routing=routing,
+            replicas=replicas,
+            demand={m: tuple(ds) for m, ds in demand.items()},
+        )

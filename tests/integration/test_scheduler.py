@@ -1,0 +1,282 @@
+"""A real scheduler (and a standby) with real worker subprocesses against a real etcd."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import uuid
+
+import grpc
+import numpy as np
+import pytest
+from harness import SchedulerProcess, TensorClient, WorkerProcess, make_demo_repository, wait_for
+
+from mcpapi.v1 import control_pb2 as v1
+from mcpapi.v1 import control_pb2_grpc as v1_grpc
+from mcpapi.v2 import control_pb2, control_pb2_grpc, model_pb2, worker_pb2
+from mcpcore.etcd_store import EtcdStore
+from mcpcore.keys import Keyspace
+from mcpcore.store import EventType
+
+X = np.random.default_rng(3).random((2, 64), dtype=np.float32)
+MiB = 1 << 20
+
+
+def etcd_get(endpoint: str, key: str) -> dict | None:
+    async def read() -> bytes | None:
+        async with EtcdStore([endpoint]) as store:
+            kv = await store.get(key)
+            return None if kv is None else kv.value
+
+    raw = asyncio.run(read())
+    return None if raw is None else json.loads(raw)
+
+
+def etcd_put(endpoint: str, key: str, value: bytes) -> None:
+    async def write() -> None:
+        async with EtcdStore([endpoint]) as store:
+            await store.put(key, value)
+
+    asyncio.run(write())
+
+
+def spec(model: str, *versions: str, replicas: int = 1, **kw) -> model_pb2.ModelSpec:
+    return model_pb2.ModelSpec(model=model, versions=list(versions) or ["1"], replicas=replicas, **kw)
+
+
+def load(stub, model_spec: model_pb2.ModelSpec, timeout: float = 60):
+    return stub.LoadModel(control_pb2.LoadModelRequest(spec=model_spec), timeout=timeout).status
+
+
+def running(status) -> list[tuple[str, str]]:
+    return sorted(
+        (r.version, r.worker_id) for r in status.replicas if r.state == model_pb2.ModelState.Value("RUNNING")
+    )
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    return make_demo_repository(tmp_path_factory.mktemp("repo") / "models")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, etcd_endpoint, repo):
+    """One scheduler and two workers (64 MiB each) on their own key prefix."""
+    prefix = f"/t{uuid.uuid4().hex[:8]}/mcp"
+    tmp = tmp_path_factory.mktemp("cluster")
+    workers = [
+        WorkerProcess(tmp, etcd_endpoint, repo, prefix=prefix, keyring=repo / "keyring.json",
+                      memory_capacity_bytes=64 * MiB).start()
+        for _ in range(2)
+    ]  # fmt: skip
+    scheduler = SchedulerProcess(tmp, etcd_endpoint, prefix=prefix, leader_ttl_s=2).start()
+    yield {"prefix": prefix, "workers": workers, "scheduler": scheduler}
+    scheduler.stop()
+    for w in workers:
+        w.stop()
+
+
+@pytest.fixture(scope="module")
+def stub(cluster):
+    return control_pb2_grpc.ModelControlStub(cluster["scheduler"].channel())
+
+
+def test_load_with_two_replicas_lands_on_two_workers_then_unload_frees_memory(cluster, stub, etcd_endpoint):
+    status = load(stub, spec("demo-mlp", "1", replicas=2))
+    placed = running(status)
+    assert [v for v, _ in placed] == ["1", "1"]
+    assert {w for _, w in placed} == {w.worker_id for w in cluster["workers"]}
+    keys = Keyspace(cluster["prefix"])
+    assert etcd_get(etcd_endpoint, keys.model_routing("demo-mlp"))["stable"] == "1"
+    for worker in cluster["workers"]:
+        client = TensorClient(worker.endpoints["zmq"])
+        try:
+            assert client.infer("demo-mlp", {"INPUT0": X}).tensors[0].shape == (2, 16)
+        finally:
+            client.close()
+
+    stub.UnloadModel(control_pb2.UnloadModelRequest(model="demo-mlp"), timeout=60)
+    for worker in cluster["workers"]:
+        stats = worker.control().Stats(worker_pb2.StatsRequest(), timeout=5)
+        assert stats.memory_used_bytes == 0 and not stats.models
+    with pytest.raises(grpc.RpcError) as info:
+        stub.GetModelStatus(control_pb2.GetModelStatusRequest(model="demo-mlp"), timeout=5)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_model_too_large_for_any_worker_gets_a_clear_error(cluster, stub):
+    big = spec("demo-onnx", "1", placement=model_pb2.PlacementConstraints(memory_bytes=1 << 30))
+    with pytest.raises(grpc.RpcError) as info:
+        load(stub, big)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "needs 1.0 GiB" in info.value.details() and "free" in info.value.details()
+    with pytest.raises(grpc.RpcError) as info:  # a failed load of a new model leaves nothing behind
+        stub.GetModelStatus(control_pb2.GetModelStatusRequest(model="demo-onnx"), timeout=5)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_flip_to_version_2_moves_traffic_only_once_it_runs(cluster, stub, etcd_endpoint):
+    keys = Keyspace(cluster["prefix"])
+    load(stub, spec("demo-mlp", "1", replicas=2))
+
+    async def flip_and_record() -> list[tuple[str, str, bytes]]:
+        async with EtcdStore([etcd_endpoint]) as store:
+            start = await store.ping()
+            reply = await asyncio.to_thread(
+                stub.SetTraffic,
+                control_pb2.SetTrafficRequest(model="demo-mlp", traffic=model_pb2.TrafficSplit(stable="2")),
+                timeout=10,
+            )
+            assert "pending" in reply.pending and "version 2" in reply.pending
+            seen: list[tuple[str, str, bytes]] = []
+            async for batch in store.watch_prefix(cluster["prefix"] + "/", start_revision=start + 1):
+                for ev in batch:
+                    seen.append((ev.type.value, ev.key, ev.value))
+                    if ev.key == keys.model_routing("demo-mlp") and ev.type is EventType.PUT:
+                        return seen
+        return seen
+
+    events = asyncio.run(asyncio.wait_for(flip_and_record(), 60))
+    assert json.loads(events[-1][2])["stable"] == "2"
+    states: dict[str, str] = {}
+    for kind, key, value in events[:-1]:
+        rid = keys.parse_replica_key(key)
+        if rid is not None and rid.version == "2":
+            states[rid.worker] = json.loads(value)["state"] if kind == "put" else "gone"
+    assert sorted(states.values()) == ["RUNNING", "RUNNING"]  # both copies of v2 ran before the flip
+    status = stub.GetModelStatus(control_pb2.GetModelStatusRequest(model="demo-mlp"), timeout=5).status
+    assert status.traffic.stable == "2" and not status.pending
+    stub.UnloadModel(control_pb2.UnloadModelRequest(model="demo-mlp"), timeout=60)
+
+
+def test_a_typo_in_the_traffic_key_changes_nothing(cluster, stub, etcd_endpoint):
+    keys = Keyspace(cluster["prefix"])
+    load(stub, spec("demo-onnx", "1"))
+    before = etcd_get(etcd_endpoint, keys.model_routing("demo-onnx"))
+    etcd_put(
+        etcd_endpoint,
+        keys.model_traffic("demo-onnx"),
+        b'{"stable": "1", "canary": "2", "canary_percent": 150}',
+    )
+    status = wait_for(
+        lambda: (
+            (s := stub.GetModelStatus(control_pb2.GetModelStatusRequest(model="demo-onnx"), timeout=5).status)
+            and "traffic key rejected" in s.pending
+            and s
+        ),
+        what="the rejection in status",
+    )
+    assert "canary_percent" in status.pending
+    assert etcd_get(etcd_endpoint, keys.model_routing("demo-onnx")) == before
+    assert status.traffic.stable == "1" and not any(r.version == "2" for r in status.replicas)
+    text = cluster["scheduler"].metrics_text()
+    assert re.search(r'mcp_config_rejected_total\{key="traffic"\} [1-9]', text)
+    stub.UnloadModel(control_pb2.UnloadModelRequest(model="demo-onnx"), timeout=60)
+
+
+def test_v1_client_loads_lists_and_unloads_against_the_same_server(cluster):
+    v1_stub = v1_grpc.ModelControlStub(cluster["scheduler"].channel())
+    reply = v1_stub.LoadModel(v1.LoadModelRequest(model="demo-mlp-enc", version="1", replicas=1), timeout=60)
+    assert reply.status.state == v1.RUNNING and reply.status.replicas[0].worker_id
+    listed = v1_stub.ListModels(v1.ListModelsRequest(), timeout=5).models
+    assert [m.model for m in listed] == ["demo-mlp-enc"]
+    v1_stub.UnloadModel(v1.UnloadModelRequest(model="demo-mlp-enc"), timeout=60)
+    assert not v1_stub.ListModels(v1.ListModelsRequest(), timeout=5).models
+
+
+def test_api_validates_its_input(stub):
+    cases = [
+        (control_pb2.LoadModelRequest(spec=spec("bad/name")), grpc.StatusCode.INVALID_ARGUMENT),
+        (control_pb2.LoadModelRequest(spec=spec("demo-mlp", "v1")), grpc.StatusCode.INVALID_ARGUMENT),
+        (
+            control_pb2.LoadModelRequest(spec=model_pb2.ModelSpec(model="demo-mlp")),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
+    ]
+    for request, code in cases:
+        with pytest.raises(grpc.RpcError) as info:
+            stub.LoadModel(request, timeout=10)
+        assert info.value.code() == code, info.value.details()
+    with pytest.raises(grpc.RpcError) as info:
+        stub.SetTraffic(
+            control_pb2.SetTrafficRequest(model="never-loaded", traffic=model_pb2.TrafficSplit(stable="1")),
+            timeout=5,
+        )
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_killing_the_leader_lets_the_standby_finish_a_load(tmp_path, etcd_endpoint, repo):
+    prefix = f"/t{uuid.uuid4().hex[:8]}/mcp"
+    keys = Keyspace(prefix)
+    worker = WorkerProcess(tmp_path, etcd_endpoint, repo, prefix=prefix).start()
+    first = SchedulerProcess(tmp_path, etcd_endpoint, prefix=prefix, leader_ttl_s=1).start()
+    second = SchedulerProcess(tmp_path, etcd_endpoint, prefix=prefix, leader_ttl_s=1).start()
+    try:
+        leader_id = wait_for(lambda: _leader(etcd_endpoint, keys), what="a leader")
+        leader, standby = (first, second) if leader_id == first.scheduler_id else (second, first)
+        leader_stub = control_pb2_grpc.ModelControlStub(leader.channel())
+        call = leader_stub.LoadModel.future(
+            control_pb2.LoadModelRequest(spec=spec("demo-slow", "1")), timeout=60
+        )
+        wait_for(lambda: etcd_get(etcd_endpoint, keys.model_spec("demo-slow")), what="the spec written")
+        leader.kill()
+        with pytest.raises(grpc.RpcError):
+            call.result()
+        standby_stub = control_pb2_grpc.ModelControlStub(standby.channel())
+        status = load(standby_stub, spec("demo-slow", "1"))  # idempotent: finishes what is under way
+        assert running(status) == [("1", worker.worker_id)]
+        assert _leader(etcd_endpoint, keys) == standby.scheduler_id
+    finally:
+        for proc in (first, second, worker):
+            proc.stop()
+
+
+def test_killing_a_worker_gets_its_replicas_recovered_elsewhere(tmp_path, etcd_endpoint, repo):
+    prefix = f"/t{uuid.uuid4().hex[:8]}/mcp"
+    workers = [
+        WorkerProcess(
+            tmp_path, etcd_endpoint, repo, prefix=prefix, lease_ttl_s=1, heartbeat_interval_s=0.3
+        ).start()
+        for _ in range(2)
+    ]
+    scheduler = SchedulerProcess(tmp_path, etcd_endpoint, prefix=prefix, reconcile_interval_s=0.5).start()
+    try:
+        stub = control_pb2_grpc.ModelControlStub(scheduler.channel())
+        [(_, first)] = running(load(stub, spec("demo-onnx", "2")))
+        victim = next(w for w in workers if w.worker_id == first)
+        survivor = next(w for w in workers if w.worker_id != first)
+        victim.kill()
+        status = wait_for(
+            lambda: (
+                (
+                    s := stub.GetModelStatus(
+                        control_pb2.GetModelStatusRequest(model="demo-onnx"), timeout=5
+                    ).status
+                )
+                and running(s) == [("2", survivor.worker_id)]
+                and len(s.replicas) == 1
+                and s
+            ),
+            timeout_s=30,
+            what="the replica recovered on the surviving worker",
+        )
+        assert status.traffic.stable == "2"
+        client = TensorClient(survivor.endpoints["zmq"])
+        try:
+            assert client.infer("demo-onnx", {"INPUT0": X}).header.version == "2"
+        finally:
+            client.close()
+    finally:
+        scheduler.stop()
+        for w in workers:
+            w.stop()
+
+
+def _leader(endpoint: str, keys: Keyspace) -> str | None:
+    async def read() -> str | None:
+        async with EtcdStore([endpoint]) as store:
+            kv = await store.get(keys.leader("scheduler"))
+            return None if kv is None else kv.value.decode()
+
+    return asyncio.run(read())

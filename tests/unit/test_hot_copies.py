@@ -1,0 +1,37 @@
+from mcp_scheduler.hot import HotCopies
+from mcp_scheduler.view import ClusterView, Demand, ModelSpecDoc
+
+SPEC = {"m": ModelSpecDoc("m", ("1",), replicas=1, max_replicas=3)}
+
+
+def view(now, *demand):
+    return ClusterView(now=now, specs=SPEC, demand={"m": tuple(demand)} if demand else {})
+
+
+def test_each_new_overflow_report_adds_one_copy_up_to_max():
+    hot = HotCopies(quiet_period_s=60)
+    assert hot.update(view(0)) == {}
+    assert hot.update(view(1, Demand("m", "r1", overflow=5, at=1))) == {"m": 1}
+    assert hot.update(view(2, Demand("m", "r1", overflow=5, at=1))) == {"m": 1}  # same report: no change
+    assert hot.update(view(3, Demand("m", "r1", overflow=2, at=3))) == {"m": 2}
+    assert hot.update(view(4, Demand("m", "r1", overflow=2, at=4))) == {"m": 2}  # max_replicas 3 = 1 + 2
+
+
+def test_quiet_period_removes_one_copy_at_a_time():
+    hot = HotCopies(quiet_period_s=10)
+    hot.update(view(0, Demand("m", "r1", overflow=1, at=0)))
+    hot.update(view(1, Demand("m", "r1", overflow=1, at=1)))
+    assert hot.update(view(5)) == {"m": 2}
+    assert hot.update(view(11)) == {"m": 1}
+    assert hot.update(view(15)) == {"m": 1}
+    assert hot.update(view(21)) == {}
+
+
+def test_no_extra_copies_without_headroom_or_spec():
+    hot = HotCopies(quiet_period_s=10)
+    flat = {"m": ModelSpecDoc("m", ("1",), replicas=2, max_replicas=0)}
+    assert (
+        hot.update(ClusterView(now=1, specs=flat, demand={"m": (Demand("m", "r", overflow=9, at=1),)})) == {}
+    )
+    hot.update(view(1, Demand("m", "r1", overflow=1, at=1)))
+    assert hot.update(ClusterView(now=2)) == {}
