@@ -35,6 +35,9 @@ from mcpcore.crypto import Keyring
 from mcpcore.modelspec import parse_model_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from scheduler_bench import bench_load_to_running, bench_reconcile  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results.json"
 
 
@@ -112,6 +115,8 @@ def bench_batching(repo: Path, seconds: float) -> dict[str, float]:
 BENCHES: dict[str, Callable[[Path, float], dict[str, float]]] = {
     "model_yaml": bench_model_yaml,
     "batching": bench_batching,
+    "reconcile": bench_reconcile,
+    "load_to_running": bench_load_to_running,
 }
 
 

@@ -11,162 +11,16 @@ server that does not come up fails with the tail of its log.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import json
-import random
-import shutil
-import socket
-import subprocess
-import time
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from mcpclient.localetcd import EtcdServer
 from mcpcore import errors
 from mcpcore.etcd_store import EtcdStore
-
-_START_TIMEOUT_S = 20.0
-_POLL_S = 0.02
-_RUNNING: set[EtcdServer] = set()
-
-
-def _free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports below the kernel's ephemeral range.
-
-    Not ``bind(0)``: that hands out ephemeral ports, and while a test has etcd stopped, a client
-    reconnecting to it can be given that very port as its source port (a TCP self-connect), or any
-    outgoing connection can take it, and etcd then cannot come back on it.
-    """
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768  # Linux's default; elsewhere this is only a best effort
-    ports: list[int] = []
-    with contextlib.ExitStack() as stack:  # hold them all until chosen, so that they differ
-        for port in random.sample(range(max(1024, low - 20_000), low), 200):
-            sock = stack.enter_context(socket.socket())
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            ports.append(port)
-            if len(ports) == count:
-                return ports
-    raise RuntimeError(f"no {count} free loopback ports below {low}")
-
-
-class EtcdServer:
-    """One single-member etcd in ``base_dir``, on its own client and peer ports (kept across restarts)."""
-
-    def __init__(self, base_dir: Path) -> None:
-        binary = shutil.which("etcd")
-        if binary is None:
-            pytest.fail("etcd is not installed: run `make setup` (it installs Debian's etcd)")
-        self.binary = binary
-        self.name = f"test-{uuid.uuid4().hex[:12]}"
-        self.base_dir = base_dir
-        self.data_dir = base_dir / "data"
-        self.log_path = base_dir / "etcd.log"
-        self.client_port, self.peer_port = _free_ports(2)
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def endpoint(self) -> str:
-        return f"127.0.0.1:{self.client_port}"
-
-    def _command(self) -> list[str]:
-        client, peer = f"http://{self.endpoint}", f"http://127.0.0.1:{self.peer_port}"
-        return [
-            self.binary,
-            f"--name={self.name}",
-            f"--data-dir={self.data_dir}",
-            f"--listen-client-urls={client}",
-            f"--advertise-client-urls={client}",
-            f"--listen-peer-urls={peer}",
-            f"--initial-advertise-peer-urls={peer}",
-            f"--initial-cluster={self.name}={peer}",
-            "--initial-cluster-state=new",
-            "--heartbeat-interval=10",
-            "--election-timeout=100",
-            "--logger=zap",
-            "--log-level=error",
-        ]
-
-    def start(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            return
-        self.base_dir.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                self._command(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                # No preexec_fn: it forces a plain fork(), and gRPC's fork handlers can then abort
-                # the child before it execs etcd (seen: "epoll_wait error: Bad file descriptor").
-            )
-        _RUNNING.add(self)
-        self.wait_healthy()
-
-    def wait_healthy(self, timeout_s: float = _START_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout_s
-        url = f"http://{self.endpoint}/health"
-        last = "no answer yet"
-        while time.monotonic() < deadline:
-            if self.proc is None or self.proc.poll() is not None:
-                code = None if self.proc is None else self.proc.returncode
-                self._fail(f"etcd exited with status {code} while starting")
-            try:
-                with urllib.request.urlopen(url, timeout=0.5) as resp:
-                    body = json.loads(resp.read())
-                if body.get("health") == "true":
-                    return
-                last = f"health: {body}"
-            except (OSError, ValueError) as exc:  # refused, reset, timeout, not JSON yet
-                last = repr(exc)
-            time.sleep(_POLL_S)  # poll interval, not synchronization
-        self._fail(f"etcd at {self.endpoint} not healthy within {timeout_s:g} s ({last})")
-
-    def _fail(self, why: str) -> None:
-        tail = self.log_path.read_text(errors="replace")[-3000:] if self.log_path.exists() else ""
-        self.kill()
-        pytest.fail(f"{why}\n--- {self.log_path} (tail) ---\n{tail}", pytrace=False)
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Terminate (SIGTERM: a clean shutdown), and kill if it does not exit in time."""
-        proc, self.proc = self.proc, None
-        _RUNNING.discard(self)
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-    def kill(self) -> None:
-        """SIGKILL: a crash, with no clean shutdown."""
-        proc, self.proc = self.proc, None
-        _RUNNING.discard(self)
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-    def restart(self) -> None:
-        """Stop, then start again on the same ports and data dir, and wait until healthy."""
-        self.stop()
-        self.start()
-
-
-@atexit.register
-def _stop_all() -> None:
-    for server in list(_RUNNING):
-        server.kill()
 
 
 @pytest.fixture(scope="session")

@@ -280,3 +280,86 @@ def _leader(endpoint: str, keys: Keyspace) -> str | None:
             return None if kv is None else kv.value.decode()
 
     return asyncio.run(read())
+
+
+def test_load_on_demand_loads_when_a_router_asks(cluster, stub, etcd_endpoint):
+    keys = Keyspace(cluster["prefix"])
+    status = load(stub, spec("demo-onnx", "1", replicas=0, load_on_demand=True))
+    assert not status.replicas  # registered, nothing loaded yet
+    etcd_put(
+        etcd_endpoint, keys.demand("demo-onnx", "router-1"), json.dumps({"requests": 3, "at": 1.0}).encode()
+    )
+    wait_for(
+        lambda: running(
+            stub.GetModelStatus(control_pb2.GetModelStatusRequest(model="demo-onnx"), timeout=5).status
+        ),
+        timeout_s=30,
+        what="a copy loaded on demand",
+    )
+    stub.UnloadModel(control_pb2.UnloadModelRequest(model="demo-onnx"), timeout=60)
+
+
+def test_hot_model_gets_an_extra_copy_on_overflow(cluster, stub, etcd_endpoint):
+    keys = Keyspace(cluster["prefix"])
+    assert len(running(load(stub, spec("demo-mlp", "2", replicas=1, max_replicas=2)))) == 1
+    etcd_put(
+        etcd_endpoint, keys.demand("demo-mlp", "router-1"), json.dumps({"overflow": 40, "at": 5.0}).encode()
+    )
+    status = wait_for(
+        lambda: (
+            (s := stub.GetModelStatus(control_pb2.GetModelStatusRequest(model="demo-mlp"), timeout=5).status)
+            and len(running(s)) == 2
+            and s
+        ),
+        timeout_s=30,
+        what="a second copy",
+    )
+    assert {w for _, w in running(status)} == {w.worker_id for w in cluster["workers"]}
+    stub.UnloadModel(control_pb2.UnloadModelRequest(model="demo-mlp"), timeout=60)
+
+
+def test_pause_resume_and_drain(cluster, stub):
+    load(stub, spec("demo-mlp", "1"))
+    paused = stub.PauseModel(control_pb2.PauseModelRequest(model="demo-mlp", version="1"), timeout=30).status
+    assert [model_pb2.ModelState.Name(r.state) for r in paused.replicas] == ["PAUSED"]
+    resumed = stub.ResumeModel(
+        control_pb2.ResumeModelRequest(model="demo-mlp", version="1"), timeout=30
+    ).status
+    [(_, where)] = running(resumed)
+    drained = stub.Drain(control_pb2.DrainRequest(worker_id=where, reason="kernel upgrade"), timeout=10)
+    assert [r.worker_id for r in drained.replicas] == [where]
+    wait_for(
+        lambda: (
+            (s := stub.GetModelStatus(control_pb2.GetModelStatusRequest(model="demo-mlp"), timeout=5).status)
+            and [w for _, w in running(s)] != [where]
+            and len(s.replicas) == 1
+        ),
+        timeout_s=30,
+        what="the replica moved off the drained worker",
+    )
+    stub.UnloadModel(control_pb2.UnloadModelRequest(model="demo-mlp"), timeout=60)
+
+
+def test_watch_models_streams_a_snapshot_then_changes(cluster, stub):
+    load(stub, spec("demo-slow", "1"))
+    stream = stub.WatchModels(
+        control_pb2.WatchModelsRequest(models=["demo-slow"], initial_snapshot=True), timeout=60
+    )
+    kinds = []
+    for event in stream:
+        kinds.append(control_pb2.EventKind.Name(event.kind))
+        if event.kind == control_pb2.EVENT_KIND_SYNCED:
+            break
+    assert "EVENT_KIND_REPLICA" in kinds and "EVENT_KIND_SPEC" in kinds and "EVENT_KIND_TRAFFIC" in kinds
+    stub.SetBreaker(control_pb2.SetBreakerRequest(model="demo-slow", level=2, reason="drill"), timeout=5)
+    for event in stream:
+        if event.kind == control_pb2.EVENT_KIND_BREAKER:
+            assert event.breaker.level == 2 and event.breaker.reason == "drill"
+            break
+    stream.cancel()
+    assert stub.GetBreaker(control_pb2.GetBreakerRequest(model="demo-slow"), timeout=5).breaker.level == 2
+    with pytest.raises(grpc.RpcError) as info:
+        stub.SetBreaker(control_pb2.SetBreakerRequest(model="demo-slow", level=7), timeout=5)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "0..3" in info.value.details()
+    stub.SetBreaker(control_pb2.SetBreakerRequest(model="demo-slow", clear=True), timeout=5)
+    stub.UnloadModel(control_pb2.UnloadModelRequest(model="demo-slow"), timeout=60)

@@ -123,14 +123,21 @@ class Reconciler:
         for action in result.actions:
             key = _key(action)
             if key not in self._running:
-                task = asyncio.create_task(self._run(action, view))
-                self._running[key] = task
-                task.add_done_callback(lambda _t, k=key: self._running.pop(k, None))
+                self._running[key] = asyncio.create_task(self._run(key, action, view))
         await self._publish_status(result.status, view, spec_revisions)
         return result
 
     # -- actions ---------------------------------------------------------------------------------------
-    async def _run(self, action: Action, view: ClusterView) -> None:
+    async def _run(self, key: tuple[str, ...], action: Action, view: ClusterView) -> None:
+        try:
+            await self._run_guarded(action, view)
+        finally:
+            # no longer in flight *before* the next round is woken, or that round would skip this
+            # replica and nothing would wake another until the periodic tick
+            self._running.pop(key, None)
+            self._state.changed.set()
+
+    async def _run_guarded(self, action: Action, view: ClusterView) -> None:
         async with self._slots:
             try:
                 await self._execute(action, view)
@@ -143,8 +150,6 @@ class Reconciler:
                     self._backoff.pop((action.model, action.version, action.worker), None)
                 if isinstance(action, LoadReplica):
                     self._errors.pop(action.model, None)
-            finally:
-                self._state.changed.set()  # plan again with what this action changed
 
     async def _execute(self, action: Action, view: ClusterView) -> None:
         if isinstance(action, PublishRouting):

@@ -96,6 +96,7 @@ class ModelManager:
         self._clock = clock
         self._replicas: dict[tuple[str, str], Replica] = {}
         self._loading: dict[tuple[str, str], asyncio.Task[Replica]] = {}
+        self._unloading: dict[tuple[str, str], asyncio.Task[Replica]] = {}
         self._admission = asyncio.Lock()  # serialises memory reservations
         self.stopped: str | None = None  # the emergency-stop reason, once stopped
 
@@ -203,7 +204,16 @@ class ModelManager:
         return replica
 
     async def unload(self, model: str, version: str) -> Replica:
-        replica = self.get(model, version)
+        """Unload; a second call while the first is under way waits for it (idempotent)."""
+        key = (model, version)
+        task = self._unloading.get(key)
+        if task is None:
+            task = asyncio.ensure_future(self._unload(self.get(model, version)))
+            self._unloading[key] = task
+            task.add_done_callback(lambda _t: self._unloading.pop(key, None))
+        return await asyncio.shield(task)
+
+    async def _unload(self, replica: Replica) -> Replica:
         await self._set(replica.rid, S.UNLOADING, "unloading: waiting for admitted requests")
         await self._discard(replica)
         record = await self._set(replica.rid, S.IDLE, "unloaded; memory released")
