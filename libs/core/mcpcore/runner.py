@@ -1,0 +1,81 @@
+"""One way to run a service process: config from flags > env > YAML, logging, signals, a "ready" line.
+
+Each service's ``__main__`` is a call to ``main(...)`` with its config class and a factory; the service
+object needs ``async start() -> dict`` (its endpoints, printed as one JSON line ``{"event": "ready", ...}``
+on stdout, which launchers and tests wait for instead of sleeping) and ``async stop()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Protocol, TypeVar
+
+from mcpcore.config import add_flags, load_config, overrides_from_args
+from mcpcore.errors import MCPError
+
+__all__ = ["Service", "main"]
+
+C = TypeVar("C")
+
+
+class Service(Protocol):
+    async def start(self) -> dict[str, str]: ...
+
+    async def stop(self) -> None: ...
+
+
+def parse_config(prog: str, config_cls: type[C], env_prefix: str, argv: list[str] | None) -> C:
+    parser = argparse.ArgumentParser(prog=prog, description=f"mcpmesh {prog}")
+    parser.add_argument("--config", help=f"YAML file with {config_cls.__name__} fields")
+    add_flags(parser, config_cls, env_prefix=env_prefix)
+    ns = parser.parse_args(argv)
+    return load_config(
+        config_cls,
+        yaml_path=ns.config,
+        env=os.environ,
+        env_prefix=env_prefix,
+        overrides=overrides_from_args(ns),
+        name=prog.removeprefix("mcp-"),
+    )
+
+
+async def serve(factory: Callable[[C], Service], config: C) -> None:
+    service = factory(config)  # inside the loop: services make grpc.aio and zmq.asyncio objects
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    endpoints = await service.start()
+    print(json.dumps({"event": "ready", **endpoints}), flush=True)
+    await stop.wait()
+    with contextlib.suppress(Exception):
+        await service.stop()
+
+
+def main(
+    prog: str,
+    config_cls: type[C],
+    env_prefix: str,
+    factory: Callable[[C], Service],
+    argv: list[str] | None = None,
+) -> int:
+    logging.basicConfig(
+        level=os.environ.get("MCP_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        config = parse_config(prog, config_cls, env_prefix, argv)
+    except MCPError as exc:
+        print(f"{prog}: {exc.message}", file=sys.stderr)
+        return 2
+    asyncio.run(serve(factory, config))
+    return 0
