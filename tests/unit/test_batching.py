@@ -143,8 +143,10 @@ async def test_priority_levels_are_served_in_order(make):
     gate.open()
     await asyncio.gather(first, *tasks)
     assert model.batches == [[BLOCK], [1.0], [2.0], [3.0], [4.0]]
-    with pytest.raises(InvalidArgument, match=r"priority level 4 is not in 1\.\.3"):
-        await q.submit("x", row(0), priority=4)
+    # Triton's convention: past the configured levels is served at the lowest level, not refused
+    assert q._admit(4) == 3 and q._admit(0) == 2 and q._admit(None) == 2
+    with pytest.raises(InvalidArgument, match=r"priority level -1 is not valid for model m/1: use 1\.\.3"):
+        await q.submit("x", row(0), priority=-1)
 
 
 async def test_full_queue_is_resource_exhausted(make):

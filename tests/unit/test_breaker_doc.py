@@ -26,3 +26,14 @@ def test_round_trip_and_defaults():
 def test_operator_typos_are_rejected_by_name(raw, match):
     with pytest.raises(InvalidArgument, match=match):
         parse_breaker("demo-mlp", raw)
+
+
+def test_deeply_nested_json_is_rejected_not_crashing():
+    with pytest.raises(InvalidArgument, match="not JSON"):
+        parse_breaker("m", b"[" * 100_000 + b"]" * 100_000)
+
+
+def test_level_in_force_ends_at_until():
+    doc = BreakerDoc(level=3, until=100.0)
+    assert doc.level_at(99.9) == 3 and doc.level_at(100.0) == 0
+    assert BreakerDoc(level=2).level_at(1e12) == 2

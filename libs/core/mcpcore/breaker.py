@@ -27,6 +27,10 @@ class BreakerDoc:
     set_by: str = ""
     until: float | None = None  # an operator's forced level holds until then
 
+    def level_at(self, now: float) -> int:
+        """The level in force at ``now`` (unix s): an operator's forced level holds until ``until``."""
+        return 0 if self.until is not None and self.until <= now else self.level
+
     def __post_init__(self) -> None:
         level = self.level
         if not isinstance(level, int) or isinstance(level, bool) or not 0 <= level <= MAX_LEVEL:
@@ -43,8 +47,8 @@ class BreakerDoc:
 def parse_breaker(model: str, raw: bytes) -> BreakerDoc:
     try:
         doc = json.loads(raw)
-    except ValueError as exc:
-        raise InvalidArgument(f"breaker of {model}: not JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deeply
+        raise InvalidArgument(f"breaker of {model}: not JSON ({type(exc).__name__}: {exc})") from None
     if not isinstance(doc, dict):
         raise InvalidArgument(f'breaker of {model}: must be a JSON object like {{"level": 1}}')
     unknown = sorted(set(doc) - _FIELDS)

@@ -2,7 +2,7 @@
 
 Invariants:
 - Pure and deterministic: the same inputs give the same ``Plan``; actions are sorted by model, version,
-  worker (a model's ``PublishRouting`` after its replica actions).
+  worker (a model's ``PublishRouting`` after its replica actions, its ``RollbackCanary`` last).
 - At most one action per replica key. Never a ``LoadReplica`` for a key in ``in_flight``, nor onto a worker
   that is dead, stopped or draining, nor past a worker's memory (placement counts recorded replicas, loads
   in flight and the loads planned earlier in the same plan).
@@ -12,6 +12,10 @@ Invariants:
   copies on usable workers remain. A LOADING replica is left to finish; a stopped worker gets no actions
   but ``ForgetReplica`` (an emergency stop releases its replicas itself).
 - Models are planned by descending priority, so higher-priority models claim memory first.
+- A wanted canary (``canary_percent > 0``) of a model whose breaker level is above 0 is rolled back
+  (DESIGN.md 7): ``RollbackCanary`` rewrites the wanted traffic to its stable version alone, and the round
+  already plans with that traffic, so routing follows by the usual safe flip. While the breaker stays
+  above 0 a canary written again is rolled back again.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ __all__ = [
     "Plan",
     "PublishRouting",
     "ReplicaAction",
+    "RollbackCanary",
     "StartReplica",
     "UnloadReplica",
     "plan",
@@ -95,8 +100,17 @@ class PublishRouting:
     routing: TrafficDoc | None
 
 
+@dataclass(frozen=True)
+class RollbackCanary:
+    """Write ``/mcp/models/<m>/traffic`` without its canary (only if unchanged since the view)."""
+
+    model: str
+    traffic: TrafficDoc  # the wanted traffic with the canary removed: stable only
+    reason: str = ""
+
+
 ReplicaAction = LoadReplica | StartReplica | PauseReplica | UnloadReplica | ForgetReplica
-Action = ReplicaAction | PublishRouting
+Action = ReplicaAction | PublishRouting | RollbackCanary
 
 
 @dataclass(frozen=True)
@@ -132,6 +146,8 @@ def plan(
 def _order(action: Action) -> tuple[str, int, int, str, str]:
     if isinstance(action, PublishRouting):
         return (action.model, 1, 0, "", "")
+    if isinstance(action, RollbackCanary):
+        return (action.model, 2, 0, "", "")
     return (action.model, 0, int(action.version), action.worker, type(action).__name__)
 
 
@@ -148,7 +164,7 @@ class _Planner:
         self.backoff = backoff
         self.extra = extra
         self.actions: dict[ReplicaKey, ReplicaAction] = {}
-        self.publish: list[PublishRouting] = []
+        self.publish: list[PublishRouting | RollbackCanary] = []
         self.errors: dict[str, list[str]] = defaultdict(list)
         self.status: dict[str, ModelStatus] = {}
         self.replicas: dict[ReplicaKey, ReplicaInfo] = dict(view.replicas)  # evicted ones become UNLOADING
@@ -228,6 +244,7 @@ class _Planner:
     def _model(self, spec: ModelSpecDoc) -> None:
         m = spec.model
         wanted = self.view.traffic.get(m) or TrafficDoc(stable=max(spec.versions, key=int))
+        wanted = self._rollback(m, wanted)
         required = self._required(spec, wanted)
         for v in sorted(required, key=int):
             copies = self._copies(m, v)
@@ -238,6 +255,19 @@ class _Planner:
             if r.version not in required:
                 self._unload(r, f"version {r.version} of {m} is no longer needed")
         self._route(spec, wanted, required)
+
+    def _rollback(self, model: str, wanted: TrafficDoc) -> TrafficDoc:
+        """The wanted traffic without its canary while the model's breaker is above 0 (else as is)."""
+        level = self.view.breakers.get(model, 0)
+        if level <= 0 or wanted.canary is None or wanted.canary_percent <= 0:
+            return wanted
+        stable = TrafficDoc(stable=wanted.stable)
+        reason = (
+            f"breaker of {model} at level {level}: canary version {wanted.canary} "
+            f"({wanted.canary_percent}%) rolled back to stable version {wanted.stable}"
+        )
+        self.publish.append(RollbackCanary(model, stable, reason))
+        return stable
 
     def _required(self, spec: ModelSpecDoc, wanted: TrafficDoc) -> dict[str, int]:
         """Copies required of each needed version."""

@@ -8,6 +8,9 @@ Invariants:
   guarded by revision), so a new leader can replay whatever the last one was doing: all state is in etcd.
 - A failed action backs off per replica (doubling to a maximum), is logged and counted; its error is
   published in the model's status until an action on that model succeeds. The loop itself never dies.
+- A canary rollback (``RollbackCanary``) rewrites the traffic key by compare-and-swap on the mod revision
+  the round was planned from: if an operator wrote the key meanwhile, the rollback is skipped and the
+  next round decides again from what they wrote.
 - The leader publishes each model's status (``/mcp/models/<m>/status``) when it changes, so any scheduler
   instance, ``mcpctl`` or ``etcdctl`` can read why a model is pending or failing.
 """
@@ -26,12 +29,14 @@ from mcp_scheduler import docs
 from mcp_scheduler.config import SchedulerConfig
 from mcp_scheduler.hot import HotCopies
 from mcp_scheduler.plan import (
+    Action,
     ForgetReplica,
     LoadReplica,
     ModelStatus,
     PauseReplica,
     Plan,
     PublishRouting,
+    RollbackCanary,
     StartReplica,
     UnloadReplica,
     plan,
@@ -47,7 +52,6 @@ from mcpcore.store import Store
 __all__ = ["Reconciler"]
 
 log = logging.getLogger(__name__)
-Action = LoadReplica | StartReplica | PauseReplica | UnloadReplica | ForgetReplica | PublishRouting
 
 
 class Reconciler:
@@ -114,6 +118,7 @@ class Reconciler:
         view = view or self._state.view()
         # read with the view, before any await: status says which spec revision it was planned from
         spec_revisions = {m: self._state.mod_revision(self._keys.model_spec(m)) for m in view.specs}
+        traffic_revisions = {m: self._state.mod_revision(self._keys.model_traffic(m)) for m in view.traffic}
         now = self._clock()
         in_flight = frozenset(k for k in self._running if len(k) == 3)
         backoff = {k: until for k, (until, _) in self._backoff.items() if until > now}
@@ -123,30 +128,35 @@ class Reconciler:
         for action in result.actions:
             key = _key(action)
             if key not in self._running:
-                self._running[key] = asyncio.create_task(self._run(key, action, view))
+                # a rollback is guarded by the traffic revision it was planned from
+                revision = traffic_revisions.get(action.model, 0) if isinstance(action, RollbackCanary) else 0
+                self._running[key] = asyncio.create_task(self._run(key, action, view, revision))
         await self._publish_status(result.status, view, spec_revisions)
         return result
 
     # -- actions ---------------------------------------------------------------------------------------
-    async def _run(self, key: tuple[str, ...], action: Action, view: ClusterView) -> None:
+    async def _run(self, key: tuple[str, ...], action: Action, view: ClusterView, revision: int) -> None:
         try:
-            await self._run_guarded(action, view)
+            await self._run_guarded(action, view, revision)
         finally:
             # no longer in flight *before* the next round is woken, or that round would skip this
             # replica and nothing would wake another until the periodic tick
             self._running.pop(key, None)
             self._state.changed.set()
 
-    async def _run_guarded(self, action: Action, view: ClusterView) -> None:
+    async def _run_guarded(self, action: Action, view: ClusterView, revision: int) -> None:
         async with self._slots:
             try:
-                await self._execute(action, view)
+                if isinstance(action, RollbackCanary):
+                    await self._rollback(action, revision)
+                else:
+                    await self._execute(action, view)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 self._failed(action, exc)
             else:
-                if not isinstance(action, PublishRouting):
+                if not isinstance(action, PublishRouting | RollbackCanary):
                     self._backoff.pop((action.model, action.version, action.worker), None)
                 if isinstance(action, LoadReplica):
                     self._errors.pop(action.model, None)
@@ -188,6 +198,16 @@ class Reconciler:
             with contextlib.suppress(NotFound):  # not held there: the stale record is forgotten next round
                 await self._clients.unload(worker.grpc, action.model, action.version)
 
+    async def _rollback(self, action: RollbackCanary, revision: int) -> None:
+        key = self._keys.model_traffic(action.model)
+        result = await self._store.compare_and_put(
+            key, docs.traffic_to_json(action.traffic), mod_revision=revision
+        )
+        if not result.succeeded:
+            log.info("canary rollback of %s skipped: its traffic changed meanwhile", action.model)
+            return
+        log.warning("rolled back the canary of %s: %s", action.model, action.reason)
+
     async def _forget(self, action: ForgetReplica) -> None:
         rid = ReplicaId(action.model, action.version, action.worker)
         revision = action.revision
@@ -210,7 +230,7 @@ class Reconciler:
         message = exc.message if isinstance(exc, MCPError) else f"{type(exc).__name__}: {exc}"
         code = exc.code.name if isinstance(exc, MCPError) else "INTERNAL"
         log.warning("%s failed: %s", action, message)
-        if isinstance(action, PublishRouting):
+        if isinstance(action, PublishRouting | RollbackCanary):
             return
         key = (action.model, action.version, action.worker)
         _, delay = self._backoff.get(key, (0.0, self._config.retry_backoff_s / 2))
@@ -269,4 +289,6 @@ class Reconciler:
 def _key(action: Action) -> tuple[str, ...]:
     if isinstance(action, PublishRouting):
         return ("routing", action.model)
+    if isinstance(action, RollbackCanary):
+        return ("traffic", action.model)
     return (action.model, action.version, action.worker)

@@ -3,7 +3,7 @@
 Invariants:
 - The mirror is a dict of raw values by key, updated in revision order from one watch; a view is parsed
   from it on demand, so the planner always sees one consistent revision.
-- An operator-written document that does not parse (spec, traffic) is rejected: logged, counted
+- An operator-written document that does not parse (spec, traffic, breaker) is rejected: logged, counted
   (``mcp_config_rejected_total``) and ignored, and the last good value stays in force; the rejection is kept
   so status can say why a write had no effect.
 - If the watch history was compacted, the mirror is rebuilt from a fresh list; a watch error backs off and
@@ -22,6 +22,7 @@ from typing import Any
 
 from mcp_scheduler import docs
 from mcp_scheduler.view import ClusterView, Demand, ModelSpecDoc, ReplicaInfo, TrafficDoc, WorkerInfo
+from mcpcore.breaker import parse_breaker
 from mcpcore.errors import InvalidArgument
 from mcpcore.keys import Keyspace
 from mcpcore.store import EventType, Store, WatchCompacted
@@ -179,18 +180,25 @@ class ClusterState:
     def _check(self, key: str) -> None:
         """Validate an operator-writable document as it arrives, keeping the last good one."""
         parsed = self._keys.parse_model_key(key)
-        if parsed is None or parsed[1] not in ("spec", "traffic"):
+        parse: Callable[[str, bytes], Any]
+        if parsed is not None and parsed[1] in ("spec", "traffic"):
+            model, what = parsed
+            parse = docs.parse_spec if what == "spec" else docs.parse_traffic
+        elif (breaker_model := self._keys.parse_breaker_key(key)) is not None:
+            model, what, parse = breaker_model, "breaker", parse_breaker
+        else:
             return
-        model, what = parsed
-        parse = docs.parse_spec if what == "spec" else docs.parse_traffic
         try:
             self._good[key] = parse(model, self._raw[key])
             self.rejections.pop(key, None)
         except InvalidArgument as exc:
-            self.rejections[key] = exc.message
+            message = (
+                exc.message if isinstance(exc, InvalidArgument) else f"{what} of {model}: nested too deeply"
+            )
+            self.rejections[key] = message
             self._on_rejected(what)
             kept = "the last good value stays" if key in self._good else "nothing is in force"
-            log.warning("rejected %s: %s (%s)", key, exc.message, kept)
+            log.warning("rejected %s: %s (%s)", key, message, kept)
 
     # -- reading ---------------------------------------------------------------------------------------
     def raw(self, key: str) -> bytes | None:
@@ -226,6 +234,8 @@ class ClusterState:
         routing: dict[str, TrafficDoc] = {}
         replicas: dict[tuple[str, str, str], ReplicaInfo] = {}
         demand: dict[str, list[Demand]] = {}
+        breakers: dict[str, int] = {}
+        now = self._clock()
         drains = {w for key in self._raw if (w := k.parse_drain_key(key)) is not None}
         for key, raw in self._raw.items():
             try:
@@ -251,14 +261,17 @@ class ClusterState:
                     )
                 elif (dk := k.parse_demand_key(key)) is not None:
                     demand.setdefault(dk[0], []).append(docs.parse_demand(dk[0], dk[1], raw))
+                elif (bm := k.parse_breaker_key(key)) is not None and key in self._good:
+                    breakers[bm] = self._good[key].level_at(now)
             except InvalidArgument as exc:
                 log.debug("ignoring %s: %s", key, exc.message)
         return ClusterView(
-            now=self._clock(),
+            now=now,
             workers=workers,
             specs=specs,
             traffic=traffic,
             routing=routing,
             replicas=replicas,
             demand={m: tuple(ds) for m, ds in demand.items()},
+            breakers={m: level for m, level in breakers.items() if level},
         )

@@ -3,8 +3,9 @@
 Invariants:
 - Nothing here does I/O. ``state.py`` builds a ``ClusterView`` from its etcd watches; ``plan.py`` turns
   a view into actions; tests build views by hand.
-- Documents that operators can write (spec, traffic) are parsed and validated in ``docs.py``; a view only
-  ever holds valid documents (the last good one when a write was rejected).
+- Documents that operators can write (spec, traffic, breakers) are parsed and validated (``docs.py``,
+  ``mcpcore.breaker``); a view only ever holds valid documents (the last good one when a write was
+  rejected). ``breakers`` holds the levels in force at ``now``: a forced level past its ``until`` is 0.
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ class ClusterView:
     routing: Mapping[str, TrafficDoc] = field(default_factory=dict)  # in force (written by the planner)
     replicas: Mapping[ReplicaKey, ReplicaInfo] = field(default_factory=dict)
     demand: Mapping[str, tuple[Demand, ...]] = field(default_factory=dict)
+    breakers: Mapping[str, int] = field(default_factory=dict)  # model -> breaker level in force (>= 1)
 
     def replicas_of(self, model: str, version: str | None = None) -> list[ReplicaInfo]:
         return [

@@ -216,9 +216,13 @@ class ModelQueue:
         if self._paused:
             raise Unavailable(f"model {self.key} is paused; retry later or on another replica")
         levels = self.config.priority_levels
-        level = self.config.default_priority_level if priority is None else priority
-        if not 1 <= level <= levels:
-            raise InvalidArgument(f"priority level {level} is not in 1..{levels} for model {self.key}")
+        # Triton's convention: 0 (or none) is the default level, 1 the highest; a level past the
+        # configured ones is served at the lowest, so clients written for other models keep working
+        level = self.config.default_priority_level if not priority else min(priority, levels)
+        if level < 1:
+            raise InvalidArgument(
+                f"priority level {priority} is not valid for model {self.key}: use 1..{levels}"
+            )
         limit = self.config.max_queue_size
         if limit and len(self.policy) >= limit:
             raise ResourceExhausted(

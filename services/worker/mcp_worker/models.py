@@ -31,10 +31,10 @@ from mcp_worker.batching import BatchConfig, Dispatcher, ModelQueue
 from mcp_worker.memory import MemoryBudget
 from mcp_worker.repository import ModelRepository
 from mcp_worker.sharing import ModelShare
-from mcpcore.errors import FailedPrecondition, MCPError, NotFound, Unavailable
+from mcpcore.errors import FailedPrecondition, InvalidArgument, MCPError, NotFound, Unavailable
 from mcpcore.keys import ReplicaId, check_name, check_version
 from mcpcore.lifecycle import ReplicaLifecycle, ReplicaRecord, ReplicaState
-from mcpcore.modelspec import ModelConfig
+from mcpcore.modelspec import ModelConfig, TensorSpec
 
 __all__ = ["LoadOverrides", "ModelManager", "Replica"]
 
@@ -70,6 +70,11 @@ class Replica:
     def key(self) -> str:
         return f"{self.rid.model}/{self.rid.version}"
 
+    @property
+    def max_batch_size(self) -> int:
+        """The max batch size in force (a breaker may have lowered it); 0: the model does not batch."""
+        return self.queue.policy.max_batch_size if self.config.max_batch_size else 0
+
 
 class ModelManager:
     def __init__(
@@ -98,6 +103,7 @@ class ModelManager:
         self._loading: dict[tuple[str, str], asyncio.Task[Replica]] = {}
         self._unloading: dict[tuple[str, str], asyncio.Task[Replica]] = {}
         self._admission = asyncio.Lock()  # serialises memory reservations
+        self._batch_ratios: dict[str, float] = {}  # model -> max batch ratio (breaker level 1: 0.5)
         self.stopped: str | None = None  # the emergency-stop reason, once stopped
 
     def set_info(self, info: Mapping[str, Any]) -> None:
@@ -194,10 +200,19 @@ class ModelManager:
             backend.infer,
             ModelShare(priority=config.priority, latency_sensitivity=config.qos.latency_sensitivity),
         )
+        queue.set_batch_ratio(self._batch_ratios.get(rid.model, 1.0))  # a breaker already in force
         replica = Replica(rid, config, backend, queue, self.budget.held(name), S.LOADING, self._clock())
         self._replicas[(rid.model, rid.version)] = replica
         try:
-            await self._set(rid, S.READY, "loaded and warmed up", memory_bytes=replica.memory_bytes)
+            await self._set(
+                rid,
+                S.READY,
+                "loaded and warmed up",
+                memory_bytes=replica.memory_bytes,
+                platform=config.backend,
+                inputs=_signature(config.inputs),
+                outputs=_signature(config.outputs),
+            )
         except BaseException:
             await self._discard(replica)
             raise
@@ -240,6 +255,19 @@ class ModelManager:
         await self._set(replica.rid, S.RUNNING, "running")
         replica.queue.resume()
         return replica
+
+    def set_batch_ratio(self, model: str, ratio: float) -> None:
+        """Scale the max batch size of every version of ``model`` held now or loaded later (1.0: as
+        configured)."""
+        if not 0 < ratio <= 1:
+            raise InvalidArgument(f"batch ratio for model {model} must be in (0, 1], got {ratio}")
+        if ratio == 1.0:
+            self._batch_ratios.pop(model, None)
+        else:
+            self._batch_ratios[model] = ratio
+        for replica in self.replicas():
+            if replica.rid.model == model:
+                replica.queue.set_batch_ratio(ratio)
 
     async def emergency_stop(self, reason: str) -> dict[str, Any]:
         """Stop admitting, answer queued requests (retryable), write a checkpoint, release memory."""
@@ -339,6 +367,11 @@ def _apply(config: ModelConfig, o: LoadOverrides | None) -> ModelConfig:
             config.dynamic_batching, max_queue_delay_us=o.max_queue_delay_us
         )
     return replace(config, **changes)
+
+
+def _signature(tensors: tuple[TensorSpec, ...]) -> list[dict[str, Any]]:
+    """A model's inputs or outputs as the replica record carries them (routers serve model metadata)."""
+    return [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)} for t in tensors]
 
 
 def _describe(exc: BaseException) -> str:

@@ -7,8 +7,6 @@ is not fatal: the heartbeat loop registers as soon as it can, and serving never 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +20,7 @@ from grpc_health.v1._async import HealthServicer
 from prometheus_client import CollectorRegistry
 
 from mcp_worker.batching import Dispatcher
+from mcp_worker.breakers import BreakerWatch
 from mcp_worker.config import WorkerConfig
 from mcp_worker.memory import MemoryBudget
 from mcp_worker.models import ModelManager
@@ -53,6 +52,7 @@ class WorkerMetrics(RequestMetrics):
         self.queue_delay = self.standard("mcp_queue_delay_seconds")
         self.model_state = self.standard("mcp_model_state")
         self.load_failures = self.standard("mcp_model_load_failures_total")
+        self.breaker_level = self.standard("mcp_breaker_level")
 
 
 class Worker:
@@ -90,6 +90,13 @@ class Worker:
         self.grpc = grpc.aio.server(
             interceptors=[aio_server_interceptor()],
             options=[("grpc.max_receive_message_length", 16 << 20)],
+        )
+        self.breakers = BreakerWatch(
+            self.store,
+            self.keys,
+            on_level=self._breaker_level,
+            on_rejected=self.metrics.count_config_rejected,
+            on_error=self.metrics.count_loop_error,
         )
         self.registration: Registration | None = None
         self.endpoints: dict[str, str] = {}
@@ -130,6 +137,7 @@ class Worker:
         except MCPError as exc:
             log.warning("etcd is not reachable yet (%s); serving, and registering when it is", exc)
         self.registration.start()
+        self.breakers.start()  # list-then-watch in the background: serving never waits for etcd
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         return self.endpoints
@@ -138,6 +146,7 @@ class Worker:
         await self.health.enter_graceful_shutdown()
         if self.registration is not None:
             await self.registration.stop()
+        await self.breakers.stop()
         await self.grpc.stop(grace=1.0)
         await self.tensors.stop()
         await self.manager.close()
@@ -182,6 +191,11 @@ class Worker:
         if state is ReplicaState.ERROR:
             self.metrics.load_failures.labels(rid.model, rid.version).inc()
 
+    def _breaker_level(self, model: str, level: int) -> None:
+        """Breaker level 1 and up: the model's max batch size halves on this worker (DESIGN.md 7)."""
+        self.manager.set_batch_ratio(model, 0.5 if level >= 1 else 1.0)
+        self.metrics.breaker_level.labels(model).set(level)
+
     def _record(self) -> dict[str, Any]:
         cfg = self.config
         return {
@@ -210,6 +224,8 @@ class Worker:
                 "batch_utilization": q.batch_utilization,
                 "memory_bytes": replica.memory_bytes,
                 "mean_exec_s": q.mean_exec_s,
+                "max_batch_size": replica.max_batch_size,
+                "breaker_level": self.breakers.level(replica.rid.model),
             }
         return {
             "worker_id": self.config.worker_id,
@@ -223,8 +239,3 @@ class Worker:
             "stopped": self.manager.stopped or "",
             "models": models,
         }
-
-    async def run_until(self, stop: asyncio.Event) -> None:
-        await stop.wait()
-        with contextlib.suppress(Exception):
-            await self.stop()

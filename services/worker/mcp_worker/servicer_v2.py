@@ -116,7 +116,7 @@ class WorkerControlServicer(worker_pb2_grpc.WorkerControlServicer):
                     memory_bytes=replica.memory_bytes,
                     mean_exec_us=int(q.mean_exec_s * 1e6),
                     in_flight=q.in_flight,
-                    max_batch_size=replica.config.max_batch_size,
+                    max_batch_size=replica.max_batch_size,  # in force: a breaker may halve it
                     requests_total=q.requests_total,
                 )
             )

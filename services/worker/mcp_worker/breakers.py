@@ -1,0 +1,174 @@
+"""The breaker levels in force for this worker: a list-then-watch of ``/mcp/breakers/`` (DESIGN.md 4, 7, 8).
+
+The worker acts on level 1 and up (its models' max batch size halves); this module only tracks the level
+of each model and reports changes through ``on_level(model, level)``.
+
+Invariants:
+- A document that does not parse (``parse_breaker``) is logged, counted (``on_rejected("breaker")``) and
+  ignored: the last good level of that model stays in force. A deleted key means level 0.
+- ``until`` bounds an operator's forced level: once it has passed, the level in force is 0 until the
+  document is replaced. An expiry timer re-evaluates at the earliest pending ``until``.
+- ``on_level`` is called on the event loop, once per change of the level in force, never for a repeat.
+- The loop never dies: a failed list or watch is logged, counted (``on_error("breaker_watch")``) and
+  resumed after a backoff; a compacted history is re-listed. Serving never waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from mcpcore.breaker import BreakerDoc, parse_breaker
+from mcpcore.errors import InvalidArgument
+from mcpcore.keys import Keyspace
+from mcpcore.store import EventType, Store, WatchCompacted
+
+__all__ = ["BreakerWatch", "level_in_force"]
+
+log = logging.getLogger(__name__)
+_MAX_TIMER_S = 60.0  # re-check expiries at least this often, so a wall-clock step cannot stall one
+
+
+def level_in_force(doc: BreakerDoc | None, now: float) -> int:
+    """The level ``doc`` imposes at ``now`` (unix seconds): 0 once its ``until`` has passed."""
+    return 0 if doc is None else doc.level_at(now)
+
+
+class BreakerWatch:
+    def __init__(
+        self,
+        store: Store,
+        keys: Keyspace,
+        *,
+        on_level: Callable[[str, int], None],
+        on_rejected: Callable[[str], None] = lambda key: None,
+        on_error: Callable[[str], None] = lambda loop: None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._keys = keys
+        self._on_level = on_level
+        self._on_rejected = on_rejected
+        self._on_error = on_error
+        self._clock = clock
+        self._docs: dict[str, BreakerDoc] = {}  # model -> last good document
+        self._levels: dict[str, int] = {}  # model -> level in force (absent: 0)
+        self._revision = 0
+        self._rearm = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.synced = asyncio.Event()
+
+    def level(self, model: str) -> int:
+        return self._levels.get(model, 0)
+
+    def levels(self) -> dict[str, int]:
+        return dict(self._levels)
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._watch(), name="worker-breaker-watch"),
+            asyncio.create_task(self._expiries(), name="worker-breaker-expiry"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    # -- the watch -------------------------------------------------------------------------------------
+    async def _watch(self) -> None:
+        backoff, listed = 0.1, False
+        while True:
+            try:
+                if not listed:
+                    await self._relist()
+                    listed = True
+                stream = self._store.watch_prefix(
+                    self._keys.breakers_prefix(), start_revision=self._revision + 1
+                )
+                async with contextlib.aclosing(stream) as events:
+                    async for batch in events:
+                        for ev in batch:
+                            self._revision = max(self._revision, ev.mod_revision)
+                            self._apply(ev.type, ev.key, ev.value)
+                        backoff = 0.1
+            except asyncio.CancelledError:
+                raise
+            except WatchCompacted:
+                log.warning("breaker watch history compacted; re-listing")
+                listed = False
+            except Exception as exc:
+                self._on_error("breaker_watch")
+                log.warning(
+                    "breaker watch failed (%s); levels in force stay, resuming in %.1fs", exc, backoff
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def _relist(self) -> None:
+        snapshot = await self._store.get_prefix(self._keys.breakers_prefix())
+        present = set()
+        for kv in snapshot.items:
+            model = self._apply(EventType.PUT, kv.key, kv.value)
+            if model:
+                present.add(model)
+        for model in set(self._docs) - present:  # deleted while we were not watching
+            self._apply(EventType.DELETE, self._keys.breaker(model), b"")
+        self._revision = snapshot.revision
+        self.synced.set()
+
+    def _apply(self, kind: EventType, key: str, value: bytes) -> str:
+        """Apply one event; returns the model it is about ("" for a key that is not a breaker)."""
+        model = self._keys.parse_breaker_key(key)
+        if model is None:
+            return ""
+        if kind is EventType.DELETE:
+            self._docs.pop(model, None)
+        else:
+            try:
+                self._docs[model] = parse_breaker(model, value)
+            except InvalidArgument as exc:
+                self._on_rejected("breaker")
+                why = exc.message if isinstance(exc, InvalidArgument) else "JSON nested too deeply"
+                kept = f"level {self.level(model)} stays in force"
+                log.warning("rejected breaker of %s: %s (%s)", model, why, kept)
+                return model
+        self._evaluate(model)
+        self._rearm.set()
+        return model
+
+    # -- levels in force -------------------------------------------------------------------------------
+    def _evaluate(self, model: str) -> None:
+        level = level_in_force(self._docs.get(model), self._clock())
+        if level == self.level(model):
+            return
+        if level:
+            self._levels[model] = level
+        else:
+            self._levels.pop(model, None)
+        doc = self._docs.get(model)
+        log.info(
+            "breaker of %s now at level %d (%s)", model, level, doc.reason if doc and level else "closed"
+        )
+        try:
+            self._on_level(model, level)
+        except Exception:
+            self._on_error("breaker_apply")
+            log.exception("applying breaker level %d to %s failed", level, model)
+
+    async def _expiries(self) -> None:
+        """Drop forced levels whose ``until`` has passed, at the earliest one pending."""
+        while True:
+            self._rearm.clear()
+            now = self._clock()
+            pending = [d.until for d in self._docs.values() if d.until is not None and d.until > now]
+            timeout = min(min(pending) - now, _MAX_TIMER_S) if pending else None
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._rearm.wait()
+            for model in sorted(self._docs):
+                self._evaluate(model)
