@@ -25,6 +25,7 @@ __all__ = ["EtcdServer", "EtcdStartError", "free_ports"]
 class EtcdStartError(RuntimeError):
     """etcd is missing or did not become healthy; the message has the tail of its log."""
 
+
 _START_TIMEOUT_S = 20.0
 _POLL_S = 0.02
 _RUNNING: set[EtcdServer] = set()

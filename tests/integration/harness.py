@@ -127,6 +127,18 @@ class SchedulerProcess(ServiceProcess):
         return grpc.insecure_channel(self.endpoints["grpc"])
 
 
+class RouterProcess(ServiceProcess):
+    module = "mcp_router"
+
+    def __init__(self, tmp: Path, etcd_endpoint: str, *, prefix: str, **flags: Any) -> None:
+        self.router_id = flags.pop("router_id", f"r-{uuid.uuid4().hex[:8]}")
+        flags = {"router_id": self.router_id, "grpc_port": 0, "metrics_port": 0, **flags}
+        super().__init__(tmp, etcd_endpoint, prefix=prefix, name=self.router_id, **flags)
+
+    def channel(self) -> grpc.Channel:
+        return grpc.insecure_channel(self.endpoints["grpc"])
+
+
 def load_and_run(stub: worker_pb2_grpc.WorkerControlStub, model: str, version: str = "1") -> None:
     stub.Load(worker_pb2.LoadRequest(model=model, version=version), timeout=30)
     stub.Resume(worker_pb2.ResumeRequest(model=model, version=version), timeout=10)

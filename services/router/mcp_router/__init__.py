@@ -1,1 +1,1 @@
-"""mcp_router: not built yet (see the open issues)."""
+"""mcp_router: the data-plane entry: Route/Infer (v1, v2), KServe V2, consistent hashing, ZeroMQ."""

@@ -1,0 +1,341 @@
+"""KServe V2 (Open Inference Protocol) gRPC front end: ``inference.GRPCInferenceService`` over a DataPlane.
+
+A thin adapter, so that tritonclient and perf_analyzer work against the router unchanged: it converts
+protobuf to numpy and DataPlane values and back, and holds no routing logic.
+
+Invariants:
+- Protobuf stops here: the DataPlane sees names, numpy arrays and plain values only.
+- Errors are raised as ``MCPError``s (``InvalidArgument`` naming the tensor or parameter); the errors
+  interceptor turns them into statuses, so nothing here calls ``context.abort``.
+- Raw input bytes become arrays with ``np.frombuffer`` (no copy; the arrays are read-only). Raw bytes are
+  little-endian on the wire, read and written as such. Typed ``contents`` (the slow path) are copied.
+- Only numeric tensors are served: BYTES and BF16 are refused with ``InvalidArgument``, as are shared
+  memory and classification outputs.
+- Request parameters, Triton's convention: "priority" (int64 or uint64), "timeout" (int64, microseconds,
+  0 = none), "routing_key" (string; else "sequence_id" keys the route). Every other parameter is passed to
+  the DataPlane as a string. The gRPC deadline, when shorter than "timeout", bounds the request.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mcp_router.dataplane import DataPlane, InferResult, TensorMeta
+from mcpapi.kserve import grpc_service_pb2 as pb
+from mcpapi.kserve import grpc_service_pb2_grpc as pb_grpc
+from mcpcore import dtypes
+from mcpcore.errors import Internal, InvalidArgument
+
+__all__ = ["EXTENSIONS", "SERVER_NAME", "InferOptions", "KServeServicer", "decode_inputs", "infer_options"]
+
+SERVER_NAME = "mcpmesh"
+#: Protocol extensions served (ServerMetadata): Triton's model repository (index, load, unload).
+EXTENSIONS = ("model_repository",)
+
+# Which InferTensorContents field carries each datatype; FP16 and BF16 travel as raw bytes only.
+_TYPED_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+}
+# The element type of each field, so values are range-checked before narrowing (INT8 from int32).
+_FIELD_DTYPE = {
+    "bool_contents": np.bool_,
+    "int_contents": np.int32,
+    "int64_contents": np.int64,
+    "uint_contents": np.uint32,
+    "uint64_contents": np.uint64,
+    "fp32_contents": np.float32,
+    "fp64_contents": np.float64,
+}
+_CONSUMED_PARAMETERS = frozenset({"routing_key", "priority", "timeout"})
+
+
+class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
+    """The KServe V2 service; register with ``add_GRPCInferenceServiceServicer_to_server``."""
+
+    def __init__(self, dataplane: DataPlane, *, version: str) -> None:
+        self._dataplane = dataplane
+        self._version = version
+
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self._dataplane.live())
+
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self._dataplane.ready())
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=self._dataplane.model_ready(request.name, request.version))
+
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: Any
+    ) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(name=SERVER_NAME, version=self._version, extensions=EXTENSIONS)
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
+        meta = self._dataplane.model_metadata(request.name, request.version)
+        return pb.ModelMetadataResponse(
+            name=meta.name,
+            versions=meta.versions,
+            platform=meta.platform,
+            inputs=[_tensor_metadata(t) for t in meta.inputs],
+            outputs=[_tensor_metadata(t) for t in meta.outputs],
+        )
+
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        if not request.model_name:
+            raise InvalidArgument("model_name is empty; name the model to run")
+        inputs = decode_inputs(request)
+        requested = _requested_outputs(request)
+        options = infer_options(request.parameters, _time_remaining(context))
+        request_id = request.id or uuid.uuid4().hex
+        result = await self._dataplane.infer(
+            request.model_name,
+            request.model_version,
+            request_id,
+            inputs,
+            routing_key=options.routing_key,
+            priority=options.priority,
+            timeout_s=options.timeout_s,
+            outputs=requested,
+            parameters=options.parameters,
+        )
+        return _encode_response(result, request_id, requested)
+
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: Any
+    ) -> pb.RepositoryIndexResponse:
+        # The router has one repository (the cluster's), so repository_name is not consulted.
+        entries = self._dataplane.index()
+        return pb.RepositoryIndexResponse(
+            models=[
+                pb.RepositoryIndexResponse.ModelIndex(
+                    name=e.name, version=e.version, state=e.state, reason=e.reason
+                )
+                for e in entries
+                if not request.ready or e.state == "READY"
+            ]
+        )
+
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: Any
+    ) -> pb.RepositoryModelLoadResponse:
+        version = ""
+        for key, param in request.parameters.items():
+            if key == "version":
+                if param.WhichOneof("parameter_choice") != "string_param":
+                    raise InvalidArgument("load parameter 'version' must be a string (string_param)")
+                version = param.string_param
+            elif key == "config" or key.startswith("file:"):
+                raise InvalidArgument(
+                    f"load parameter {key!r} is not supported: models come from the cluster's repository "
+                    "(model.yaml); pass only an optional 'version' string"
+                )
+            else:
+                raise InvalidArgument(f"unknown load parameter {key!r}; the only one is 'version' (a string)")
+        await self._dataplane.load(_model_name(request.model_name), version)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: Any
+    ) -> pb.RepositoryModelUnloadResponse:
+        # "unload_dependents" (always sent by tritonclient) has nothing to act on: there are no ensembles.
+        await self._dataplane.unload(_model_name(request.model_name))
+        return pb.RepositoryModelUnloadResponse()
+
+
+def _model_name(name: str) -> str:
+    if not name:
+        raise InvalidArgument("model_name is empty; name the model")
+    return name
+
+
+def _tensor_metadata(t: TensorMeta) -> pb.ModelMetadataResponse.TensorMetadata:
+    return pb.ModelMetadataResponse.TensorMetadata(name=t.name, datatype=t.dtype, shape=t.shape)
+
+
+# --- inputs ------------------------------------------------------------------------------------------
+
+
+def decode_inputs(request: pb.ModelInferRequest) -> dict[str, np.ndarray]:
+    """The request's input tensors by name, from ``raw_input_contents`` or typed ``contents``."""
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidArgument(
+            f"raw_input_contents has {len(raw)} entries but the request has {len(request.inputs)} inputs; "
+            "send one entry per input, in the order of inputs"
+        )
+    arrays: dict[str, np.ndarray] = {}
+    for i, tensor in enumerate(request.inputs):
+        if tensor.name in arrays:
+            raise InvalidArgument(f"input {tensor.name} appears twice; send each input once")
+        arrays[tensor.name] = _decode_tensor(tensor, raw[i] if raw else None)
+    return arrays
+
+
+def _decode_tensor(tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -> np.ndarray:
+    name = tensor.name
+    if "shared_memory_region" in tensor.parameters:
+        raise InvalidArgument(f"input {name}: shared memory is not supported; send raw_input_contents")
+    shape = tuple(tensor.shape)
+    if any(d < 0 for d in shape):
+        raise InvalidArgument(f"input {name}: shape {list(shape)} has a negative dimension")
+    dtype = _input_dtype(name, tensor.datatype)
+    count = math.prod(shape)
+    typed = [descriptor.name for descriptor, _ in tensor.contents.ListFields()]
+    if raw is not None:
+        if typed:
+            raise InvalidArgument(
+                f"input {name}: has both contents and a raw_input_contents entry; send one of them"
+            )
+        need = count * dtype.itemsize
+        if len(raw) != need:
+            raise InvalidArgument(
+                f"input {name}: raw content is {len(raw)} bytes but shape {list(shape)} of "
+                f"{tensor.datatype} needs {need}"
+            )
+        return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(shape)
+    return _typed_array(tensor, dtype, shape, typed)
+
+
+def _input_dtype(name: str, datatype: str) -> np.dtype:
+    if datatype == "BYTES":
+        raise InvalidArgument(f"input {name}: BYTES tensors are not supported; only numeric datatypes are")
+    try:
+        return dtypes.numpy_dtype(datatype)
+    except InvalidArgument as err:
+        raise InvalidArgument(f"input {name}: {err.message}") from None
+
+
+def _typed_array(
+    tensor: pb.ModelInferRequest.InferInputTensor, dtype: np.dtype, shape: tuple[int, ...], typed: list[str]
+) -> np.ndarray:
+    name, datatype, count = tensor.name, tensor.datatype, math.prod(shape)
+    slot = _TYPED_FIELD.get(datatype)
+    if not typed:
+        if count == 0:
+            return np.empty(shape, dtype)
+        raise InvalidArgument(
+            f"input {name}: no data; send raw_input_contents (one entry per input) or contents"
+        )
+    if slot is None:
+        raise InvalidArgument(
+            f"input {name}: {datatype} has no typed contents field; send raw_input_contents"
+        )
+    if typed != [slot]:
+        raise InvalidArgument(f"input {name}: {datatype} elements go in contents.{slot}, not {typed}")
+    values = np.array(getattr(tensor.contents, slot), dtype=_FIELD_DTYPE[slot])
+    if values.size != count:
+        raise InvalidArgument(
+            f"input {name}: contents has {values.size} elements but shape {list(shape)} needs {count}"
+        )
+    if dtype.kind in "iu" and values.size:
+        info = np.iinfo(dtype)
+        if values.min() < info.min or values.max() > info.max:
+            raise InvalidArgument(f"input {name}: a value in contents.{slot} is out of range for {datatype}")
+    return values.astype(dtype, copy=False).reshape(shape)
+
+
+def _requested_outputs(request: pb.ModelInferRequest) -> tuple[str, ...]:
+    names = []
+    for out in request.outputs:
+        for key in ("classification", "shared_memory_region"):
+            if key in out.parameters:
+                raise InvalidArgument(f"output {out.name}: parameter {key!r} is not supported")
+        names.append(out.name)
+    return tuple(names)
+
+
+# --- parameters --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InferOptions:
+    routing_key: str = ""
+    priority: int = 0
+    timeout_s: float | None = None
+    parameters: Mapping[str, str] = field(default_factory=dict)
+
+
+def infer_options(
+    parameters: Mapping[str, pb.InferParameter], deadline_s: float | None = None
+) -> InferOptions:
+    """Triton's request parameters as DataPlane arguments; ``deadline_s`` is the time the caller has left."""
+    values = {key: _param_value(p) for key, p in parameters.items()}
+    routing_key = values.get("routing_key")
+    if routing_key is not None and not isinstance(routing_key, str):
+        raise InvalidArgument("parameter routing_key must be a string (string_param)")
+    if routing_key is None:
+        sequence_id = values.get("sequence_id")
+        routing_key = str(sequence_id) if sequence_id not in (None, 0, "") else ""
+    priority = _int_param(values, "priority")
+    timeout_us = _int_param(values, "timeout")
+    if timeout_us < 0:
+        raise InvalidArgument(f"parameter timeout is {timeout_us}; give microseconds >= 0 (0 = no timeout)")
+    timeout_s = timeout_us / 1e6 if timeout_us else None
+    if deadline_s is not None:
+        timeout_s = deadline_s if timeout_s is None else min(timeout_s, deadline_s)
+    rest = {k: _param_str(v) for k, v in values.items() if k not in _CONSUMED_PARAMETERS}
+    return InferOptions(routing_key, priority, timeout_s, rest)
+
+
+def _param_value(param: pb.InferParameter) -> bool | int | float | str | None:
+    which = param.WhichOneof("parameter_choice")
+    return getattr(param, which) if which else None
+
+
+def _int_param(values: Mapping[str, Any], key: str) -> int:
+    value = values.get(key)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"parameter {key} must be an integer (int64_param or uint64_param)")
+    return value
+
+
+def _param_str(value: bool | int | float | str | None) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "" if value is None else str(value)
+
+
+def _time_remaining(context: Any) -> float | None:
+    # Unit tests call the servicer without a context.
+    remaining = context.time_remaining() if context is not None else None
+    return remaining if remaining is not None and math.isfinite(remaining) else None
+
+
+# --- outputs -----------------------------------------------------------------------------------------
+
+
+def _encode_response(
+    result: InferResult, request_id: str, requested: tuple[str, ...]
+) -> pb.ModelInferResponse:
+    response = pb.ModelInferResponse(model_name=result.model, model_version=result.version, id=request_id)
+    for name in requested or tuple(result.outputs):
+        array = result.outputs.get(name)
+        if array is None:
+            raise InvalidArgument(
+                f"output {name}: model {result.model} has no such output; it has {sorted(result.outputs)}"
+            )
+        try:
+            datatype = dtypes.from_numpy(array.dtype)
+        except InvalidArgument as err:
+            raise Internal(f"output {name} of model {result.model}: {err.message}") from None
+        response.outputs.add(name=name, datatype=datatype, shape=array.shape)
+        response.raw_output_contents.append(array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
+    return response

@@ -1,0 +1,145 @@
+"""The router process: snapshot watch, ZeroMQ forwarder, v1 + v2 + KServe V2 on one gRPC port, stats, metrics.
+
+The gRPC port answers as soon as it is bound; ``ServerReady`` (and ``grpc.health.v1``) turn SERVING once
+the first snapshot is synced from etcd. After that, etcd may come and go: requests route on the last table.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from prometheus_client import CollectorRegistry
+
+from mcp_router.config import RouterConfig
+from mcp_router.forwarder import Forwarder
+from mcp_router.kserve import KServeServicer
+from mcp_router.router import RetryBudget, Router
+from mcp_router.servicer_v2 import InferenceV1, InferenceV2
+from mcp_router.snapshot import RoutingTable, Snapshots
+from mcp_router.stats import RequestStats, RouterMetrics, StatsPublisher
+from mcpapi.kserve import grpc_service_pb2_grpc as kserve_grpc
+from mcpapi.v1 import inference_pb2_grpc as v1_grpc
+from mcpapi.v2 import control_pb2, control_pb2_grpc, model_pb2
+from mcpapi.v2 import inference_pb2_grpc as v2_grpc
+from mcpcore.errors import aio_server_interceptor, from_rpc_error
+from mcpcore.etcd_store import EtcdStore
+from mcpcore.keys import Keyspace
+from mcpcore.metrics import start_metrics_server
+
+__all__ = ["RouterServer"]
+
+log = logging.getLogger(__name__)
+VERSION = "0.1.0"
+SERVICES = ("mcpapi.v1.Inference", "mcpapi.v2.Inference", "inference.GRPCInferenceService")
+
+
+class RouterServer:
+    def __init__(self, config: RouterConfig) -> None:
+        self.config = config
+        self.metrics = RouterMetrics(CollectorRegistry())
+        self.keys = Keyspace(config.etcd_prefix)
+        self.store = EtcdStore(config.etcd_endpoints, timeout=config.etcd_timeout_s)
+        self.forwarder = Forwarder(
+            max_in_flight=config.max_in_flight_per_worker, on_error=self.metrics.count_loop_error
+        )
+        self.snapshots = Snapshots(
+            self.store,
+            self.keys,
+            on_rejected=self.metrics.count_config_rejected,
+            on_error=self.metrics.count_loop_error,
+            on_applied=self.metrics.watch_apply.labels("router").observe,
+            on_swap=self._swapped,
+        )
+        self.stats = RequestStats(self.metrics, window_s=config.stats_window_s)
+        self.publisher = StatsPublisher(
+            self.store,
+            self.keys,
+            config.router_id,
+            self.stats,
+            ttl=config.stats_lease_ttl_s,
+            interval_s=config.stats_interval_s,
+            on_error=self.metrics.count_loop_error,
+        )
+        self._scheduler = None
+        if config.scheduler:
+            self._scheduler = control_pb2_grpc.ModelControlStub(grpc.aio.insecure_channel(config.scheduler))
+        self.router = Router(
+            self.snapshots,
+            self.forwarder,
+            self.stats,
+            load_factor=config.load_factor,
+            default_timeout_s=config.default_timeout_s,
+            retry_budget=RetryBudget(config.retry_budget_ratio),
+            scheduler_load=self._load if self._scheduler else None,
+            scheduler_unload=self._unload if self._scheduler else None,
+        )
+        self.health = HealthServicer()
+        self.grpc = grpc.aio.server(
+            interceptors=[aio_server_interceptor()],
+            maximum_concurrent_rpcs=config.max_concurrent_rpcs,
+            options=[
+                ("grpc.max_receive_message_length", 64 << 20),
+                ("grpc.max_send_message_length", 64 << 20),
+            ],
+        )
+        self._metrics_server: Any = None
+        self.endpoints: dict[str, str] = {}
+
+    async def start(self) -> dict[str, str]:
+        cfg = self.config
+        self._metrics_server, metrics_port = start_metrics_server(
+            cfg.metrics_port, cfg.metrics_host, registry=self.metrics.registry
+        )
+        v1_grpc.add_InferenceServicer_to_server(InferenceV1(self.router), self.grpc)
+        v2_grpc.add_InferenceServicer_to_server(InferenceV2(self.router), self.grpc)
+        kserve_grpc.add_GRPCInferenceServiceServicer_to_server(
+            KServeServicer(self.router, version=VERSION), self.grpc
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
+        port = self.grpc.add_insecure_port(f"{cfg.grpc_host}:{cfg.grpc_port}")
+        await self.grpc.start()
+        await self.store.connect()
+        await self.snapshots.start()
+        self.publisher.start()
+        for name in ("", *SERVICES):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self.endpoints = {
+            "router_id": cfg.router_id,
+            "grpc": f"{cfg.grpc_host}:{port}",
+            "metrics": f"{cfg.metrics_host}:{metrics_port}",
+        }
+        return self.endpoints
+
+    async def stop(self) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.grpc.stop(grace=1.0)
+        await self.publisher.stop()
+        await self.snapshots.stop()
+        await self.forwarder.close()
+        await self.store.close()
+        if self._metrics_server is not None:
+            self._metrics_server.stop()
+
+    def _swapped(self, old: RoutingTable, new: RoutingTable) -> None:
+        if old.workers != new.workers:
+            self.forwarder.sync(new.workers)
+        for name, route in new.models.items():
+            self.metrics.breaker_level.labels(name).set(route.breaker.level)
+
+    async def _load(self, model: str, version: str) -> None:
+        spec = model_pb2.ModelSpec(model=model, versions=[version or "1"], replicas=1)
+        try:
+            await self._scheduler.LoadModel(control_pb2.LoadModelRequest(spec=spec), timeout=120)  # type: ignore[union-attr]
+        except grpc.aio.AioRpcError as err:
+            raise from_rpc_error(err) from None
+
+    async def _unload(self, model: str) -> None:
+        try:
+            await self._scheduler.UnloadModel(control_pb2.UnloadModelRequest(model=model), timeout=120)  # type: ignore[union-attr]
+        except grpc.aio.AioRpcError as err:
+            raise from_rpc_error(err) from None

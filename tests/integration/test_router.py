@@ -1,0 +1,288 @@
+"""A real router with a real scheduler and real workers against a real etcd."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import threading
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from harness import (
+    RouterProcess,
+    SchedulerProcess,
+    WorkerProcess,
+    make_demo_repository,
+    mlp_reference,
+    wait_for,
+)
+
+from mcpapi.v1 import inference_pb2 as v1
+from mcpapi.v1 import inference_pb2_grpc as v1_grpc
+from mcpapi.v2 import control_pb2, control_pb2_grpc, inference_pb2, inference_pb2_grpc, model_pb2
+from mcpcore import dtypes
+from mcpcore.etcd_store import EtcdStore
+from mcpcore.keys import Keyspace
+
+X = np.random.default_rng(11).random((3, 64), dtype=np.float32)
+
+
+def etcd_put(endpoint: str, key: str, value: bytes) -> None:
+    async def write() -> None:
+        async with EtcdStore([endpoint]) as store:
+            await store.put(key, value)
+
+    asyncio.run(write())
+
+
+def tensor(name: str, arr: np.ndarray) -> inference_pb2.Tensor:
+    return inference_pb2.Tensor(
+        name=name, dtype=dtypes.wire_value(dtypes.from_numpy(arr.dtype)), shape=arr.shape, data=arr.tobytes()
+    )
+
+
+def infer(stub, model: str, x: np.ndarray = X, **kw) -> tuple[str, np.ndarray]:
+    reply = stub.Infer(
+        inference_pb2.InferRequest(model=model, inputs=[tensor("INPUT0", x)], **kw), timeout=30
+    )
+    out = reply.outputs[0]
+    return reply.version, np.frombuffer(out.data, np.float32).reshape(tuple(out.shape))
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    return make_demo_repository(tmp_path_factory.mktemp("repo") / "models")
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory, etcd_endpoint, repo):
+    prefix = f"/t{uuid.uuid4().hex[:8]}/mcp"
+    tmp = tmp_path_factory.mktemp("mesh")
+    workers = [
+        WorkerProcess(
+            tmp, etcd_endpoint, repo, prefix=prefix, lease_ttl_s=2, heartbeat_interval_s=0.3
+        ).start()
+        for _ in range(2)
+    ]
+    scheduler = SchedulerProcess(tmp, etcd_endpoint, prefix=prefix, reconcile_interval_s=0.5).start()
+    router = RouterProcess(tmp, etcd_endpoint, prefix=prefix, scheduler=scheduler.endpoints["grpc"]).start()
+    control = control_pb2_grpc.ModelControlStub(scheduler.channel())
+    load = [
+        model_pb2.ModelSpec(model="demo-mlp", versions=["1", "2"], replicas=1, fallback_version="1"),
+        model_pb2.ModelSpec(model="demo-onnx", versions=["1"], replicas=2),
+    ]
+    for spec in load:
+        control.LoadModel(control_pb2.LoadModelRequest(spec=spec), timeout=60)
+    keys = Keyspace(prefix)
+    stub = inference_pb2_grpc.InferenceStub(router.channel())
+    wait_for(lambda: _serving(stub, "demo-mlp") and _serving(stub, "demo-onnx"), what="routes in the router")
+    yield {
+        "prefix": prefix,
+        "keys": keys,
+        "workers": workers,
+        "router": router,
+        "control": control,
+        "stub": stub,
+    }
+    router.stop()
+    scheduler.stop()
+    for w in workers:
+        w.stop()
+
+
+def _serving(stub, model: str) -> bool:
+    try:
+        infer(stub, model)
+        return True
+    except grpc.RpcError:
+        return False
+
+
+def test_v2_and_v1_infer_return_the_models_outputs(mesh, repo):
+    version, out = infer(mesh["stub"], "demo-mlp", version="1")
+    assert version == "1"
+    np.testing.assert_allclose(out, mlp_reference(repo, "demo-mlp", "1", X), rtol=1e-5, atol=1e-5)
+    v1_stub = v1_grpc.InferenceStub(mesh["router"].channel())
+    reply = v1_stub.Infer(
+        v1.InferRequest(
+            model="demo-onnx",
+            inputs=[v1.Tensor(name="INPUT0", dtype="FP32", shape=X.shape, data=X.tobytes())],
+        ),
+        timeout=30,
+    )
+    out = np.frombuffer(reply.outputs[0].data, np.float32).reshape(tuple(reply.outputs[0].shape))
+    np.testing.assert_allclose(out, mlp_reference(repo, "demo-mlp", "1", X), rtol=1e-5, atol=1e-5)
+    route = mesh["stub"].Route(inference_pb2.RouteRequest(model="demo-onnx", routing_key="user-1"), timeout=5)
+    assert route.worker_id in {w.worker_id for w in mesh["workers"]} and route.data_endpoint.startswith(
+        "tcp://"
+    )
+
+
+def test_bad_requests_get_clear_statuses(mesh):
+    stub = mesh["stub"]
+    cases = [
+        (dict(model="no-such"), grpc.StatusCode.NOT_FOUND, "no-such"),
+        (
+            dict(model="demo-mlp", inputs=[tensor("INPUT0", X.astype(np.float64))]),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "FP32",
+        ),
+        (
+            dict(
+                model="demo-mlp",
+                inputs=[inference_pb2.Tensor(name="INPUT0", dtype=11, shape=[3, 64], data=b"\0" * 7)],
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "needs 768",
+        ),
+    ]
+    for fields, code, match in cases:
+        fields.setdefault("inputs", [tensor("INPUT0", X)])
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Infer(inference_pb2.InferRequest(**fields), timeout=10)
+        assert info.value.code() == code and match in info.value.details(), info.value.details()
+
+
+def test_canary_gets_its_share_and_keys_are_sticky(mesh):
+    control, stub = mesh["control"], mesh["stub"]
+    split = model_pb2.TrafficSplit(stable="1", canary="2", canary_percent=10)
+    control.SetTraffic(control_pb2.SetTrafficRequest(model="demo-mlp", traffic=split), timeout=10)
+    wait_for(
+        lambda: any(infer(stub, "demo-mlp", routing_key=f"probe-{i}")[0] == "2" for i in range(200)),
+        what="the canary in force",
+    )
+    versions = {
+        f"user-{i}": infer(stub, "demo-mlp", x=X[:1], routing_key=f"user-{i}")[0] for i in range(2000)
+    }
+    share = Counter(versions.values())["2"] / len(versions)
+    assert 0.07 <= share <= 0.13, share
+    for key in list(versions)[:200]:
+        assert infer(stub, "demo-mlp", x=X[:1], routing_key=key)[0] == versions[key]
+    control.SetTraffic(
+        control_pb2.SetTrafficRequest(model="demo-mlp", traffic=model_pb2.TrafficSplit(stable="1")),
+        timeout=10,
+    )
+
+
+def test_a_flip_written_with_etcdctl_is_applied(mesh, etcd_endpoint):
+    keys, stub = mesh["keys"], mesh["stub"]
+    etcd_put(etcd_endpoint, keys.model_traffic("demo-mlp"), b'{"stable": "2"}')
+    wait_for(lambda: infer(stub, "demo-mlp")[0] == "2", what="version 2 in service")
+    etcd_put(etcd_endpoint, keys.model_traffic("demo-mlp"), b'{"stable": "1"}')
+    wait_for(lambda: infer(stub, "demo-mlp")[0] == "1", what="version 1 back in service")
+
+
+def test_breaker_level_3_sends_traffic_to_the_fallback_and_typos_change_nothing(mesh, etcd_endpoint):
+    keys, stub, router = mesh["keys"], mesh["stub"], mesh["router"]
+    etcd_put(etcd_endpoint, keys.model_traffic("demo-mlp"), b'{"stable": "2"}')
+    wait_for(lambda: infer(stub, "demo-mlp")[0] == "2", what="version 2 in service")
+    etcd_put(etcd_endpoint, keys.breaker("demo-mlp"), json.dumps({"level": 3, "reason": "drill"}).encode())
+    wait_for(lambda: infer(stub, "demo-mlp")[0] == "1", what="the fallback version in service")
+    etcd_put(etcd_endpoint, keys.breaker("demo-mlp"), b'{"level": 3')  # a typo: not JSON
+    etcd_put(etcd_endpoint, keys.breaker("demo-mlp"), b'{"level": 7}')  # out of range
+    wait_for(
+        lambda: re.search(r'mcp_config_rejected_total\{key="breaker"\} ([2-9]|\d\d)', router.metrics_text()),
+        what="both rejections counted",
+    )
+    assert all(infer(stub, "demo-mlp")[0] == "1" for _ in range(20))  # the last good level stays
+    etcd_put(etcd_endpoint, keys.breaker("demo-mlp"), b'{"level": 0}')
+    wait_for(lambda: infer(stub, "demo-mlp")[0] == "2", what="the breaker closed")
+    etcd_put(etcd_endpoint, keys.model_traffic("demo-mlp"), b'{"stable": "1"}')
+
+
+def test_stats_reach_etcd_for_the_health_service(mesh, etcd_endpoint):
+    keys, router = mesh["keys"], mesh["router"]
+
+    async def read() -> dict | None:
+        async with EtcdStore([etcd_endpoint]) as store:
+            kv = await store.get(keys.stats(router.router_id, "demo-onnx"))
+            return None if kv is None else json.loads(kv.value)
+
+    doc = wait_for(lambda: asyncio.run(read()), what="stats published")
+    assert doc["requests"] >= 1 and {"timeout", "resource", "backend", "client"} <= set(doc)
+
+
+def test_a_worker_killed_mid_stream_loses_no_request(tmp_path, etcd_endpoint, repo):
+    prefix = f"/t{uuid.uuid4().hex[:8]}/mcp"
+    workers = [
+        WorkerProcess(
+            tmp_path, etcd_endpoint, repo, prefix=prefix, lease_ttl_s=1, heartbeat_interval_s=0.3
+        ).start()
+        for _ in range(2)
+    ]
+    scheduler = SchedulerProcess(tmp_path, etcd_endpoint, prefix=prefix, reconcile_interval_s=0.5).start()
+    router = RouterProcess(tmp_path, etcd_endpoint, prefix=prefix).start()
+    try:
+        control = control_pb2_grpc.ModelControlStub(scheduler.channel())
+        control.LoadModel(
+            control_pb2.LoadModelRequest(
+                spec=model_pb2.ModelSpec(model="demo-onnx", versions=["1"], replicas=2)
+            ),
+            timeout=60,
+        )
+        stub = inference_pb2_grpc.InferenceStub(router.channel())
+        wait_for(lambda: _serving(stub, "demo-onnx"), what="the route")
+        failures: list[str] = []
+        done = Counter()
+        stop = threading.Event()
+
+        def client(i: int) -> None:
+            n = 0
+            while not stop.is_set():
+                try:
+                    infer(stub, "demo-onnx", x=X[:1], routing_key=f"k{i}-{n}")
+                    done["ok"] += 1
+                except grpc.RpcError as err:
+                    failures.append(f"{err.code().name}: {err.details()}")
+                n += 1
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: done["ok"] > 200, what="traffic flowing")
+        workers[0].kill()
+        before = done["ok"]
+        wait_for(lambda: done["ok"] > before + 300, timeout_s=30, what="traffic after the kill")
+        stop.set()
+        for t in threads:
+            t.join(30)
+        assert failures == []
+    finally:
+        router.stop()
+        scheduler.stop()
+        for w in workers:
+            w.stop()
+
+
+@pytest.mark.parametrize(("model", "version"), [("demo-mlp", "1"), ("demo-onnx", "")])
+def test_tritonclient_works_against_the_router_unchanged(mesh, repo, model, version):
+    """Triton's own client, in its own process (its service_pb2 and ours share the 'inference' names)."""
+    args = [
+        sys.executable,
+        str(Path(__file__).with_name("triton_client_script.py")),
+        mesh["router"].endpoints["grpc"],
+    ]
+    args += ["--model", model, "--version", version]
+    args += ["--repo-model", "demo-slow"] if model == "demo-onnx" else ["--no-repository"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    batch = np.array(report["input"], dtype=np.float32)
+    expected = mlp_reference(repo, "demo-mlp", "1", batch)  # demo-onnx/1 is the same MLP as demo-mlp/1
+    np.testing.assert_allclose(
+        np.array(report["infer"]["values"], np.float32), expected, rtol=1e-5, atol=1e-5
+    )
+    assert report["infer"]["model_name"] == model and report["infer"]["shape"] == [4, 16]
+    errors = report["errors"]
+    assert "NOT_FOUND" in errors["unknown_model"]["status"]
+    assert "INVALID_ARGUMENT" in errors["bytes_input"]["status"]
+    assert "INVALID_ARGUMENT" in errors["unknown_output"]["status"]
+    if model == "demo-onnx":
+        assert report["repository"]["after_unload"]["ready"] is False

@@ -1,0 +1,447 @@
+"""The KServe V2 servicer called directly over a fake DataPlane: conversion, validation, forwarding."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from mcp_router.dataplane import DataPlane, InferResult, ModelIndexEntry, ModelMetadata, TensorMeta
+from mcp_router.kserve import EXTENSIONS, KServeServicer
+from mcpapi.kserve import grpc_service_pb2 as pb
+from mcpcore import dtypes
+from mcpcore.errors import Internal, InvalidArgument, NotFound
+
+NUMERIC = sorted(n for n in dtypes.NAMES if n != "BF16")
+TYPED_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+}
+
+
+class FakeDataPlane(DataPlane):
+    """Records every call; ``infer`` returns its inputs as outputs (renamed IN* -> OUT*) unless told."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple, dict]] = []
+        self.outputs: dict[str, np.ndarray] | None = None
+        self.entries = [
+            ModelIndexEntry("demo-mlp", "1", "READY"),
+            ModelIndexEntry("demo-onnx", "2", "UNAVAILABLE", "no worker has room"),
+        ]
+
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        return False
+
+    def model_ready(self, model: str, version: str = "") -> bool:
+        self.calls.append(("model_ready", (model, version), {}))
+        return model == "demo-mlp"
+
+    def model_metadata(self, model: str, version: str = "") -> ModelMetadata:
+        self.calls.append(("model_metadata", (model, version), {}))
+        if model != "demo-mlp":
+            raise NotFound(f"model {model} has no serving version")
+        return ModelMetadata(
+            "demo-mlp",
+            ("1", "2"),
+            "numpy",
+            (TensorMeta("INPUT0", "FP32", (-1, 64)),),
+            (TensorMeta("OUTPUT0", "FP32", (-1, 16)),),
+        )
+
+    def route(self, model, version="", routing_key=""):  # type: ignore[no-untyped-def]
+        raise AssertionError("the KServe adapter never routes by itself")
+
+    async def infer(self, model, version, request_id, inputs, **kwargs):  # type: ignore[no-untyped-def]
+        self.calls.append(("infer", (model, version, request_id, dict(inputs)), kwargs))
+        outputs = self.outputs
+        if outputs is None:
+            outputs = {name.replace("IN", "OUT", 1): arr for name, arr in inputs.items()}
+        return InferResult(model, version or "1", "w1", outputs)
+
+    def index(self) -> list[ModelIndexEntry]:
+        return self.entries
+
+    async def load(self, model: str, version: str = "") -> None:
+        self.calls.append(("load", (model, version), {}))
+
+    async def unload(self, model: str) -> None:
+        self.calls.append(("unload", (model,), {}))
+
+
+class FakeContext:
+    def __init__(self, remaining: float | None) -> None:
+        self.remaining = remaining
+
+    def time_remaining(self) -> float | None:
+        return self.remaining
+
+
+ZEROS = ("INPUT0", np.zeros(2, np.float32))
+
+
+@pytest.fixture
+def dp() -> FakeDataPlane:
+    return FakeDataPlane()
+
+
+@pytest.fixture
+def svc(dp: FakeDataPlane) -> KServeServicer:
+    return KServeServicer(dp, version="0.1.0")
+
+
+def raw_request(*arrays: tuple[str, np.ndarray], **kwargs) -> pb.ModelInferRequest:  # type: ignore[no-untyped-def]
+    req = pb.ModelInferRequest(model_name="demo-mlp", **kwargs)
+    for name, arr in arrays:
+        req.inputs.add(name=name, datatype=dtypes.from_numpy(arr.dtype), shape=arr.shape)
+        req.raw_input_contents.append(arr.tobytes())
+    return req
+
+
+def decode(resp: pb.ModelInferResponse) -> dict[str, np.ndarray]:
+    return {
+        out.name: np.frombuffer(raw, dtypes.numpy_dtype(out.datatype)).reshape(tuple(out.shape))
+        for out, raw in zip(resp.outputs, resp.raw_output_contents, strict=True)
+    }
+
+
+def sample(name: str, shape: tuple[int, ...] = (2, 3)) -> np.ndarray:
+    rng = np.random.default_rng(len(name))
+    dtype = dtypes.numpy_dtype(name)
+    if dtype.kind == "b":
+        return rng.random(shape) > 0.5
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+# --- health and metadata -------------------------------------------------------------------------------
+
+
+async def test_health_and_server_metadata(svc, dp):
+    assert (await svc.ServerLive(pb.ServerLiveRequest(), None)).live is True
+    assert (await svc.ServerReady(pb.ServerReadyRequest(), None)).ready is False
+    assert (await svc.ModelReady(pb.ModelReadyRequest(name="demo-mlp", version="2"), None)).ready
+    assert not (await svc.ModelReady(pb.ModelReadyRequest(name="nope"), None)).ready
+    assert dp.calls[:2] == [("model_ready", ("demo-mlp", "2"), {}), ("model_ready", ("nope", ""), {})]
+    meta = await svc.ServerMetadata(pb.ServerMetadataRequest(), None)
+    assert (meta.name, meta.version, list(meta.extensions)) == ("mcpmesh", "0.1.0", list(EXTENSIONS))
+
+
+async def test_model_metadata_converts_every_field(svc, dp):
+    meta = await svc.ModelMetadata(pb.ModelMetadataRequest(name="demo-mlp", version="1"), None)
+    assert (meta.name, list(meta.versions), meta.platform) == ("demo-mlp", ["1", "2"], "numpy")
+    assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [("INPUT0", "FP32", [-1, 64])]
+    assert [(t.name, t.datatype, list(t.shape)) for t in meta.outputs] == [("OUTPUT0", "FP32", [-1, 16])]
+    assert dp.calls == [("model_metadata", ("demo-mlp", "1"), {})]
+
+
+async def test_model_metadata_not_found_propagates(svc):
+    with pytest.raises(NotFound, match="model ghost has no serving version"):
+        await svc.ModelMetadata(pb.ModelMetadataRequest(name="ghost"), None)
+
+
+# --- inputs ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("datatype", NUMERIC)
+async def test_raw_round_trip_every_dtype(svc, dp, datatype):
+    x = sample(datatype)
+    resp = await svc.ModelInfer(raw_request(("INPUT0", x)), None)
+    got = dp.calls[0][1][3]["INPUT0"]
+    assert got.dtype == x.dtype and got.shape == x.shape and not got.flags.writeable  # a view, no copy
+    np.testing.assert_array_equal(got, x)
+    assert [(o.name, o.datatype, list(o.shape)) for o in resp.outputs] == [("OUTPUT0", datatype, [2, 3])]
+    np.testing.assert_array_equal(decode(resp)["OUTPUT0"], x)
+
+
+@pytest.mark.parametrize("datatype", sorted(TYPED_FIELD))
+async def test_typed_contents_every_dtype(svc, dp, datatype):
+    x = sample(datatype)
+    req = pb.ModelInferRequest(model_name="demo-mlp")
+    tensor = req.inputs.add(name="INPUT0", datatype=datatype, shape=x.shape)
+    getattr(tensor.contents, TYPED_FIELD[datatype]).extend(x.ravel().tolist())
+    resp = await svc.ModelInfer(req, None)
+    got = dp.calls[0][1][3]["INPUT0"]
+    assert got.dtype == x.dtype
+    np.testing.assert_array_equal(got, x)
+    np.testing.assert_array_equal(decode(resp)["OUTPUT0"], x)
+
+
+async def test_several_inputs_keep_their_order_and_names(svc, dp):
+    a, b = sample("FP32", (4, 64)), sample("INT64", (4,))
+    await svc.ModelInfer(raw_request(("INPUT0", a), ("INPUT1", b)), None)
+    inputs = dp.calls[0][1][3]
+    assert list(inputs) == ["INPUT0", "INPUT1"]
+    np.testing.assert_array_equal(inputs["INPUT1"], b)
+
+
+async def test_empty_tensor_without_data_is_allowed(svc, dp):
+    req = pb.ModelInferRequest(model_name="demo-mlp")
+    req.inputs.add(name="INPUT0", datatype="FP32", shape=[0, 64])
+    await svc.ModelInfer(req, None)
+    assert dp.calls[0][1][3]["INPUT0"].shape == (0, 64)
+
+
+def with_raw(datatype: str, shape: list[int], raw: bytes) -> pb.ModelInferRequest:
+    req = pb.ModelInferRequest(model_name="demo-mlp")
+    req.inputs.add(name="INPUT0", datatype=datatype, shape=shape)
+    req.raw_input_contents.append(raw)
+    return req
+
+
+def with_contents(datatype: str, shape: list[int], **contents) -> pb.ModelInferRequest:  # type: ignore[no-untyped-def]
+    req = pb.ModelInferRequest(model_name="demo-mlp")
+    req.inputs.add(name="INPUT0", datatype=datatype, shape=shape, contents=pb.InferTensorContents(**contents))
+    return req
+
+
+def two_inputs_one_raw() -> pb.ModelInferRequest:
+    req = raw_request(ZEROS)
+    req.inputs.add(name="INPUT1", datatype="FP32", shape=[2])
+    return req
+
+
+def both_raw_and_contents() -> pb.ModelInferRequest:
+    req = with_raw("FP32", [2], b"\0" * 8)
+    req.inputs[0].contents.fp32_contents.extend([1.0, 2.0])
+    return req
+
+
+def duplicate_inputs() -> pb.ModelInferRequest:
+    x = np.zeros(2, np.float32)
+    return raw_request(("INPUT0", x), ("INPUT0", x))
+
+
+def shared_memory_input() -> pb.ModelInferRequest:
+    req = with_raw("FP32", [2], b"\0" * 8)
+    req.inputs[0].parameters["shared_memory_region"].string_param = "r0"
+    return req
+
+
+@pytest.mark.parametrize(
+    ("request_factory", "message"),
+    [
+        (
+            lambda: with_raw("FP32", [2, 64], b"\0" * 100),
+            "input INPUT0: raw content is 100 bytes but shape [2, 64] of FP32 needs 512",
+        ),
+        (two_inputs_one_raw, "raw_input_contents has 1 entries but the request has 2 inputs"),
+        (both_raw_and_contents, "input INPUT0: has both contents and a raw_input_contents entry"),
+        (lambda: with_contents("FP32", [2, 2]), "input INPUT0: no data"),
+        (
+            lambda: with_contents("FP32", [2, 2], fp32_contents=[1, 2, 3]),
+            "input INPUT0: contents has 3 elements but shape [2, 2] needs 4",
+        ),
+        (
+            lambda: with_contents("FP32", [2], int64_contents=[1, 2]),
+            "input INPUT0: FP32 elements go in contents.fp32_contents, not ['int64_contents']",
+        ),
+        (
+            lambda: with_contents("FP16", [1], fp32_contents=[1.0]),
+            "input INPUT0: FP16 has no typed contents field",
+        ),
+        (
+            lambda: with_contents("INT8", [2], int_contents=[1, 300]),
+            "input INPUT0: a value in contents.int_contents is out of range for INT8",
+        ),
+        (lambda: with_raw("BYTES", [1], b"\1\0\0\0x"), "input INPUT0: BYTES tensors are not supported"),
+        (lambda: with_raw("BF16", [1], b"\0\0"), "input INPUT0: data type BF16 has no numpy equivalent"),
+        (lambda: with_raw("FP8", [1], b"\0"), "input INPUT0: unknown data type 'FP8'"),
+        (lambda: with_raw("FP32", [-1, 2], b""), "input INPUT0: shape [-1, 2] has a negative dimension"),
+        (duplicate_inputs, "input INPUT0 appears twice"),
+        (shared_memory_input, "input INPUT0: shared memory is not supported"),
+        (pb.ModelInferRequest, "model_name is empty"),
+    ],
+    ids=lambda v: v.split(":")[-1].strip().split(" ")[0] if isinstance(v, str) else "",
+)
+async def test_bad_inputs_are_invalid_argument_naming_the_tensor(svc, dp, request_factory, message):
+    with pytest.raises(InvalidArgument) as info:
+        await svc.ModelInfer(request_factory(), None)
+    assert message in info.value.message
+    assert dp.calls == []
+
+
+# --- outputs ---------------------------------------------------------------------------------------------
+
+
+async def test_requested_outputs_subset_in_requested_order(svc, dp):
+    dp.outputs = {name: np.full((2,), i, np.int32) for i, name in enumerate(("A", "B", "C"))}
+    req = raw_request(ZEROS, outputs=[{"name": "C"}, {"name": "A"}])
+    resp = await svc.ModelInfer(req, None)
+    assert [o.name for o in resp.outputs] == ["C", "A"]
+    assert decode(resp)["C"].tolist() == [2, 2] and decode(resp)["A"].tolist() == [0, 0]
+    assert dp.calls[0][2]["outputs"] == ("C", "A")
+
+
+async def test_no_requested_outputs_returns_all(svc, dp):
+    dp.outputs = {"A": np.zeros(1, np.float32), "B": np.ones((1, 2), np.float64)}
+    resp = await svc.ModelInfer(raw_request(ZEROS), None)
+    assert [(o.name, o.datatype, list(o.shape)) for o in resp.outputs] == [
+        ("A", "FP32", [1]),
+        ("B", "FP64", [1, 2]),
+    ]
+    assert dp.calls[0][2]["outputs"] == ()
+
+
+async def test_unknown_requested_output_is_invalid_argument(svc, dp):
+    dp.outputs = {"OUTPUT0": np.zeros(1, np.float32)}
+    req = raw_request(ZEROS, outputs=[{"name": "NOPE"}])
+    with pytest.raises(
+        InvalidArgument, match=r"output NOPE: model demo-mlp has no such output; it has \['OUTP"
+    ):
+        await svc.ModelInfer(req, None)
+
+
+async def test_classification_output_is_refused(svc):
+    req = raw_request(ZEROS, outputs=[{"name": "OUTPUT0"}])
+    req.outputs[0].parameters["classification"].int64_param = 3
+    with pytest.raises(InvalidArgument, match="output OUTPUT0: parameter 'classification' is not supported"):
+        await svc.ModelInfer(req, None)
+
+
+async def test_non_contiguous_output_is_sent_row_major(svc, dp):
+    y = np.arange(12, dtype=np.float32).reshape(3, 4).T  # Fortran-ordered view
+    dp.outputs = {"OUTPUT0": y}
+    resp = await svc.ModelInfer(raw_request(ZEROS), None)
+    np.testing.assert_array_equal(decode(resp)["OUTPUT0"], y)
+
+
+async def test_output_with_no_tensor_type_is_internal(svc, dp):
+    dp.outputs = {"OUTPUT0": np.zeros(2, np.complex64)}
+    with pytest.raises(Internal, match="output OUTPUT0 of model demo-mlp"):
+        await svc.ModelInfer(raw_request(ZEROS), None)
+
+
+# --- parameters ------------------------------------------------------------------------------------------
+
+
+async def test_parameters_map_to_dataplane_arguments(svc, dp):
+    req = raw_request(ZEROS, id="req-7", model_version="2")
+    req.parameters["routing_key"].string_param = "user-42"
+    req.parameters["priority"].uint64_param = 3  # tritonclient's choice
+    req.parameters["timeout"].int64_param = 2_500_000  # microseconds
+    req.parameters["tenant"].string_param = "blue"
+    req.parameters["sequence_start"].bool_param = True
+    req.parameters["ratio"].double_param = 0.5
+    resp = await svc.ModelInfer(req, None)
+    _, (model, version, request_id, _), kwargs = dp.calls[0]
+    assert (model, version, request_id) == ("demo-mlp", "2", "req-7")
+    assert kwargs["routing_key"] == "user-42" and kwargs["priority"] == 3
+    assert kwargs["timeout_s"] == pytest.approx(2.5)
+    assert kwargs["parameters"] == {"tenant": "blue", "sequence_start": "true", "ratio": "0.5"}
+    assert (resp.model_name, resp.model_version, resp.id) == ("demo-mlp", "2", "req-7")
+
+
+async def test_defaults_and_generated_request_id(svc, dp):
+    resp = await svc.ModelInfer(raw_request(ZEROS), None)
+    _, (_, version, request_id, _), kwargs = dp.calls[0]
+    assert version == "" and len(request_id) == 32 and resp.id == request_id
+    assert kwargs == {"routing_key": "", "priority": 0, "timeout_s": None, "outputs": (), "parameters": {}}
+
+
+@pytest.mark.parametrize(("kind", "value"), [("int64_param", 17), ("string_param", "session-9")])
+async def test_sequence_id_keys_the_route(svc, dp, kind, value):
+    req = raw_request(ZEROS)
+    setattr(req.parameters["sequence_id"], kind, value)
+    req.parameters["priority"].int64_param = 1
+    await svc.ModelInfer(req, None)
+    assert dp.calls[0][2]["routing_key"] == str(value) and dp.calls[0][2]["priority"] == 1
+
+
+@pytest.mark.parametrize(
+    ("timeout_us", "remaining", "expected"),
+    [(0, None, None), (0, 1.5, 1.5), (3_000_000, 1.5, 1.5), (500_000, 1.5, 0.5), (0, math.inf, None)],
+)
+async def test_timeout_is_the_shorter_of_parameter_and_deadline(svc, dp, timeout_us, remaining, expected):
+    req = raw_request(ZEROS)
+    if timeout_us:
+        req.parameters["timeout"].int64_param = timeout_us
+    await svc.ModelInfer(req, FakeContext(remaining))
+    assert dp.calls[0][2]["timeout_s"] == (pytest.approx(expected) if expected else None)
+
+
+@pytest.mark.parametrize(
+    ("key", "kind", "value", "message"),
+    [
+        ("priority", "string_param", "high", "parameter priority must be an integer"),
+        ("priority", "bool_param", True, "parameter priority must be an integer"),
+        ("timeout", "double_param", 1.5, "parameter timeout must be an integer"),
+        ("timeout", "int64_param", -1, "parameter timeout is -1"),
+        ("routing_key", "int64_param", 5, "parameter routing_key must be a string"),
+    ],
+)
+async def test_bad_parameters_are_invalid_argument(svc, dp, key, kind, value, message):
+    req = raw_request(ZEROS)
+    setattr(req.parameters[key], kind, value)
+    with pytest.raises(InvalidArgument, match=message):
+        await svc.ModelInfer(req, None)
+    assert dp.calls == []
+
+
+# --- repository ------------------------------------------------------------------------------------------
+
+
+async def test_index_and_ready_filter(svc):
+    every = await svc.RepositoryIndex(pb.RepositoryIndexRequest(), None)
+    assert [(m.name, m.version, m.state, m.reason) for m in every.models] == [
+        ("demo-mlp", "1", "READY", ""),
+        ("demo-onnx", "2", "UNAVAILABLE", "no worker has room"),
+    ]
+    ready = await svc.RepositoryIndex(pb.RepositoryIndexRequest(ready=True), None)
+    assert [m.name for m in ready.models] == ["demo-mlp"]
+
+
+async def test_load_and_unload_forward(svc, dp):
+    await svc.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name="demo-onnx"), None)
+    req = pb.RepositoryModelLoadRequest(model_name="demo-onnx")
+    req.parameters["version"].string_param = "2"
+    await svc.RepositoryModelLoad(req, None)
+    unload = pb.RepositoryModelUnloadRequest(model_name="demo-onnx")
+    unload.parameters["unload_dependents"].bool_param = False  # always sent by tritonclient
+    await svc.RepositoryModelUnload(unload, None)
+    assert dp.calls == [
+        ("load", ("demo-onnx", ""), {}),
+        ("load", ("demo-onnx", "2"), {}),
+        ("unload", ("demo-onnx",), {}),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [("config", "load parameter 'config' is not supported"), ("file:1/model.onnx", "is not supported")],
+)
+async def test_load_with_config_or_files_is_refused(svc, dp, key, message):
+    req = pb.RepositoryModelLoadRequest(model_name="demo-onnx")
+    req.parameters[key].string_param = "{}"
+    with pytest.raises(InvalidArgument, match=message):
+        await svc.RepositoryModelLoad(req, None)
+    assert dp.calls == []
+
+
+async def test_load_version_must_be_a_string(svc, dp):
+    req = pb.RepositoryModelLoadRequest(model_name="demo-onnx")
+    req.parameters["version"].int64_param = 2
+    with pytest.raises(InvalidArgument, match="load parameter 'version' must be a string"):
+        await svc.RepositoryModelLoad(req, None)
+
+
+async def test_load_and_unload_need_a_model_name(svc):
+    with pytest.raises(InvalidArgument, match="model_name is empty"):
+        await svc.RepositoryModelLoad(pb.RepositoryModelLoadRequest(), None)
+    with pytest.raises(InvalidArgument, match="model_name is empty"):
+        await svc.RepositoryModelUnload(pb.RepositoryModelUnloadRequest(), None)
