@@ -11,10 +11,11 @@ help:
 
 # etcd from Debian's package when missing, then the venv with the project (editable) and its dev tools.
 setup: $(STAMP)
-	@command -v etcd >/dev/null || tools/install-etcd.sh
+	@command -v etcd >/dev/null || tools/install-system-deps.sh
+	@command -v promtool >/dev/null || tools/install-system-deps.sh promtool
 
 $(STAMP): pyproject.toml
-	@command -v etcd >/dev/null || tools/install-etcd.sh
+	@command -v etcd >/dev/null || tools/install-system-deps.sh
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'

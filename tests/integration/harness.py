@@ -139,6 +139,15 @@ class RouterProcess(ServiceProcess):
         return grpc.insecure_channel(self.endpoints["grpc"])
 
 
+class HealthProcess(ServiceProcess):
+    module = "mcp_health"
+
+    def __init__(self, tmp: Path, etcd_endpoint: str, *, prefix: str, **flags: Any) -> None:
+        self.health_id = flags.pop("health_id", f"h-{uuid.uuid4().hex[:8]}")
+        flags = {"health_id": self.health_id, "grpc_port": 0, "metrics_port": 0, **flags}
+        super().__init__(tmp, etcd_endpoint, prefix=prefix, name=self.health_id, **flags)
+
+
 def load_and_run(stub: worker_pb2_grpc.WorkerControlStub, model: str, version: str = "1") -> None:
     stub.Load(worker_pb2.LoadRequest(model=model, version=version), timeout=30)
     stub.Resume(worker_pb2.ResumeRequest(model=model, version=version), timeout=10)

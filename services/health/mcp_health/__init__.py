@@ -1,1 +1,1 @@
-"""mcp_health: not built yet (see the open issues)."""
+"""mcp_health: failure detection and failover, emergency stops, breaker levels from error rates, alerts."""

@@ -42,6 +42,7 @@ from mcpcore.errors import (
     MCPError,
     ResourceExhausted,
     Unavailable,
+    error_class,
 )
 
 __all__ = ["BatchConfig", "BatchMetrics", "Dispatcher", "ModelQueue", "QueueStats", "RunBatch"]
@@ -70,6 +71,7 @@ class QueueStats:
     batch_utilization: float  # rows / max_batch_size, over recent batches
     mean_exec_s: float
     mean_queue_s: float
+    errors_total: int = 0  # requests failed by the model itself (backend faults, not bad input)
 
 
 class BatchMetrics(Protocol):
@@ -163,7 +165,7 @@ class ModelQueue:
         self._dispatcher, self._run_batch = dispatcher, run_batch
         self._metrics = metrics
         self._paused = False
-        self._in_flight = self._requests_total = self._batches_total = 0
+        self._in_flight = self._requests_total = self._batches_total = self._errors_total = 0
         self._recent: deque[tuple[int, int, float, float]] = deque(maxlen=_RECENT)
 
     async def submit(
@@ -282,6 +284,7 @@ class ModelQueue:
             batch_utilization=sum(min(1.0, r[1] / mbs) if mbs else 1.0 for r in recent) / n,
             mean_exec_s=sum(r[2] for r in recent) / n,
             mean_queue_s=sum(r[3] for r in recent) / n,
+            errors_total=self._errors_total,
         )
 
     # --- the dispatcher's side (on the event loop, except ``work``) -----------------------------------
@@ -325,6 +328,8 @@ class ModelQueue:
         return _split(self._run_batch(inputs[0]), [r.rows for r in batch], self.key)
 
     def batch_error(self, exc: Exception, size: int) -> MCPError:
+        if not isinstance(exc, MCPError) or error_class(exc) == "backend":
+            self._errors_total += size  # the health service stops a worker whose model keeps failing
         if isinstance(exc, MCPError):
             return exc
         log.error("model %s: run_batch failed on a batch of %d requests", self.key, size, exc_info=exc)

@@ -209,12 +209,13 @@ class Worker:
 
     def _report(self) -> dict[str, Any]:
         models = {}
-        depth = in_flight = 0
+        depth = in_flight = errors = 0
         utils, execs = [], []
         for replica in self.manager.replicas():
             q = replica.queue.stats()
             depth += q.queue_depth
             in_flight += q.in_flight
+            errors += q.errors_total
             if q.batches_total:
                 utils.append(q.batch_utilization)
                 execs.append(q.mean_exec_s)
@@ -237,5 +238,9 @@ class Worker:
             "memory_capacity_bytes": self.manager.budget.capacity,
             "last_active": self.dispatcher.last_active,
             "stopped": self.manager.stopped or "",
+            # requests the models failed (backend faults): the health service stops a worker that keeps
+            # failing; a device fault flag comes with the cuda backend
+            "exec_errors_total": errors,
+            "device_error": "",
             "models": models,
         }

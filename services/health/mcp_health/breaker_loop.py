@@ -1,0 +1,153 @@
+"""Breaker levels from error rates: aggregate every router's window, decide, write ``/mcp/breakers/<m>``.
+
+Invariants:
+- The policy is ``/mcp/config/breaker`` (DESIGN.md section 8's JSON) or the default when absent; a value
+  that does not parse is rejected (logged, counted) and the last good policy stays in force.
+- Only fresh router windows count (their ``at`` within the policy's metrics window); only server-side error
+  classes count (``levels.error_rate``), so clients sending bad input can never open a breaker.
+- A decision is written by compare-and-swap on the key's revision as this instance last saw it: an
+  operator's write in between wins, and the next check decides again. Only the leader writes.
+- Every decision is logged and reflected in ``mcp_breaker_level``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+
+from mcp_health.alerts import Alert, Alerter
+from mcp_health.levels import BreakerController, error_rate
+from mcpcore.breaker import (
+    DEFAULT_POLICY,
+    BreakerDoc,
+    BreakerPolicy,
+    breaker_to_json,
+    parse_breaker,
+    parse_policy,
+)
+from mcpcore.errors import InvalidArgument, MCPError
+from mcpcore.keys import Keyspace
+from mcpcore.mirror import PrefixMirror
+from mcpcore.store import Compare, Put, Store
+
+__all__ = ["BreakerLoop"]
+
+log = logging.getLogger(__name__)
+
+
+class BreakerLoop:
+    def __init__(
+        self,
+        mirror: PrefixMirror,
+        store: Store,
+        keys: Keyspace,
+        alerter: Alerter,
+        *,
+        is_leader: Callable[[], bool],
+        on_level: Callable[[str, int], None] = lambda model, level: None,
+        on_rejected: Callable[[str], None] = lambda key: None,
+        on_error: Callable[[str], None] = lambda loop: None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._mirror, self._store, self._keys, self._alerter = mirror, store, keys, alerter
+        self._is_leader, self._on_level, self._on_rejected, self._on_error = (
+            is_leader,
+            on_level,
+            on_rejected,
+            on_error,
+        )
+        self._clock = clock
+        self.policy: BreakerPolicy = DEFAULT_POLICY
+        self._policy_raw: bytes | None = None
+        self.controller = BreakerController(self.policy)
+        # what this instance wrote, until the mirror shows it: the next check must not decide it twice
+        self._written: dict[str, tuple[BreakerDoc, int]] = {}  # model -> (doc, revision written at)
+
+    def _refresh_policy(self) -> None:
+        raw = self._mirror.values.get(self._keys.breaker_config())
+        if raw == self._policy_raw:
+            return
+        self._policy_raw = raw
+        try:
+            policy = DEFAULT_POLICY if raw is None else parse_policy(raw)
+        except InvalidArgument as exc:
+            self._on_rejected("breaker_policy")
+            log.warning(
+                "rejected %s: %s (the last good policy stays)", self._keys.breaker_config(), exc.message
+            )
+            return
+        if policy != self.policy:
+            log.info("breaker policy now %s", policy)
+            self.policy = policy
+            self.controller.policy = policy  # keeps the step-down timers
+
+    def _windows(self, now: float) -> dict[str, list[dict]]:
+        windows: dict[str, list[dict]] = {}
+        for key, raw in self._mirror.values.items():
+            parsed = self._keys.parse_stats_key(key)
+            if parsed is None:
+                continue
+            try:
+                doc = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(doc, dict) and now - float(doc.get("at", 0)) <= self.policy.metrics_window_s:
+                windows.setdefault(parsed[1], []).append(doc)
+        return windows
+
+    async def check(self) -> None:
+        self._refresh_policy()
+        now = self._clock()
+        windows = self._windows(now)
+        models = set(windows) | {m for k in self._mirror.values if (m := self._keys.parse_breaker_key(k))}
+        for model in sorted(models):
+            try:
+                rate, requests = error_rate(windows.get(model, ()))
+            except InvalidArgument as exc:  # a router's window with a bad count: skip this model this time
+                self._on_rejected("stats")
+                log.warning("ignoring the stats of %s: %s", model, exc.message)
+                continue
+            key = self._keys.breaker(model)
+            current = self._current(model, key)
+            self._on_level(model, current.level_at(now) if current else 0)
+            decision = self.controller.decide(model, rate, requests, now, current)
+            if decision is None or not self._is_leader():
+                continue
+            await self._write(model, key, decision.doc, decision.previous, decision.reason)
+
+    def _current(self, model: str, key: str) -> BreakerDoc | None:
+        written = self._written.get(model)
+        if written is not None and self._mirror.revisions.get(key, 0) < written[1]:
+            return written[0]  # the mirror has not caught up with our own write yet
+        self._written.pop(model, None)
+        raw = self._mirror.values.get(key)
+        if raw is None:
+            return None
+        try:
+            return parse_breaker(model, raw)
+        except InvalidArgument:
+            return None  # an operator's typo: the routers keep their last good level; we decide afresh
+
+    async def _write(self, model: str, key: str, doc: BreakerDoc, previous: int, reason: str) -> None:
+        revision = self._mirror.revisions.get(key, 0)
+        try:
+            result = await self._store.txn([Compare(key, revision)], [Put(key, breaker_to_json(doc))])
+        except MCPError as exc:
+            self._on_error("breaker_write")
+            log.warning("could not write the breaker of %s: %s", model, exc.message)
+            return
+        if not result.succeeded:
+            log.info("breaker of %s changed meanwhile; deciding again next check", model)
+            return
+        self._written[model] = (doc, result.revision)
+        log.warning("breaker of %s: level %d -> %d (%s)", model, previous, doc.level, reason)
+        self._on_level(model, doc.level)
+        alert = Alert(name="BreakerOpen", severity="warning", labels={"model": model},
+                      annotations={"summary": f"breaker of {model} at level {doc.level}", "reason": reason},
+                      starts_at=self._clock())  # fmt: skip
+        if doc.level > 0:
+            await self._alerter.fire(alert)
+        else:
+            await self._alerter.resolve(alert)

@@ -1,0 +1,52 @@
+"""The health service's configuration: one frozen dataclass, built once in ``__main__`` (flags > env > YAML).
+
+Env vars are ``MCP_HEALTH_<FIELD>``; ports follow DESIGN.md section 13 (gRPC 50053, metrics 9103).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+from mcpcore.errors import InvalidArgument
+from mcpcore.keys import check_name
+
+__all__ = ["HealthConfig"]
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    health_id: str = ""
+    grpc_host: str = "127.0.0.1"
+    grpc_port: int = 50053
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 9103
+    etcd_endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
+    etcd_prefix: str = "/mcp"
+    etcd_timeout_s: float = 5.0
+    leader_ttl_s: int = 5
+    #: Periodic checks (report ages, error rates) run about this often, with +-20% jitter.
+    check_interval_s: float = 0.5
+    #: A worker whose load report is older than this is dead even if its lease still holds.
+    report_timeout_s: float = 10.0
+    #: Requests failed by a worker's models between two checks that make it sick (EmergencyStop).
+    sick_errors: int = 20
+    #: Alertmanager-compatible webhook (POST /api/v2/alerts); empty = alerts are log lines only.
+    alert_webhook: str = ""
+    #: Calls to workers' control API (EmergencyStop).
+    worker_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not self.health_id:
+            object.__setattr__(self, "health_id", f"{socket.gethostname().split('.')[0]}-{os.getpid()}")
+        try:
+            check_name(self.health_id, "health_id")
+        except InvalidArgument as exc:
+            raise ValueError(exc.message) from None
+        if self.check_interval_s <= 0:
+            raise ValueError(f"check_interval_s: must be > 0, got {self.check_interval_s}")
+        if self.report_timeout_s <= self.check_interval_s:
+            raise ValueError("report_timeout_s: must be longer than check_interval_s")
+        if self.sick_errors < 1:
+            raise ValueError(f"sick_errors: must be >= 1, got {self.sick_errors}")

@@ -1,0 +1,140 @@
+"""The health process: one mirror of etcd, failure detection, breaker levels, alerts, ClusterHealth.
+
+Several instances may run; each keeps its view current, only the leader (``/mcp/leader/health``) writes
+and alerts. Periodic checks run every ``check_interval_s`` with jitter, so instances and restarts do not
+fall into step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from typing import Any
+
+import grpc.aio
+from grpc_health.v1 import health_pb2 as grpc_health_pb2
+from grpc_health.v1 import health_pb2_grpc as grpc_health_grpc
+from grpc_health.v1._async import HealthServicer
+from prometheus_client import CollectorRegistry
+
+from mcp_health.alerts import Alerter
+from mcp_health.breaker_loop import BreakerLoop
+from mcp_health.config import HealthConfig
+from mcp_health.detector import Detector
+from mcp_health.servicer_v2 import HealthV2
+from mcpapi.v2 import health_pb2_grpc
+from mcpcore.election import LeaderElection
+from mcpcore.errors import aio_server_interceptor
+from mcpcore.etcd_store import EtcdStore
+from mcpcore.keys import Keyspace
+from mcpcore.lifecycle import ReplicaLifecycle
+from mcpcore.metrics import CommonMetrics, start_metrics_server
+from mcpcore.mirror import PrefixMirror
+
+__all__ = ["HealthServer"]
+
+log = logging.getLogger(__name__)
+
+
+class HealthMetrics(CommonMetrics):
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(registry)
+        self.heartbeat_age = self.standard("mcp_heartbeat_age_seconds")
+        self.breaker_level = self.standard("mcp_breaker_level")
+        self.is_leader = self.gauge("mcp_health_leader_ratio", "1 while this health instance leads, else 0.")
+
+
+class HealthServer:
+    def __init__(self, config: HealthConfig) -> None:
+        self.config = config
+        self.metrics = HealthMetrics(CollectorRegistry())
+        self.keys = Keyspace(config.etcd_prefix)
+        self.store = EtcdStore(config.etcd_endpoints, timeout=config.etcd_timeout_s)
+        self.election = LeaderElection(
+            self.store, self.keys.leader("health"), config.health_id, ttl=config.leader_ttl_s,
+            on_change=lambda leading: self.metrics.is_leader.set(1 if leading else 0),
+            on_error=self.metrics.count_loop_error,
+        )  # fmt: skip
+        leading = lambda: self.election.is_leader  # noqa: E731
+        self.alerter = Alerter(webhook_url=config.alert_webhook, on_error=self.metrics.count_loop_error)
+        self.mirror = PrefixMirror(
+            self.store,
+            self.keys.prefix + "/",
+            on_change=self._changed,
+            on_error=self.metrics.count_loop_error,
+            on_applied=self.metrics.watch_apply.labels("health").observe,
+            name="health",
+        )
+        self.detector = Detector(
+            self.mirror, self.keys, ReplicaLifecycle(self.store, self.keys), self.alerter,
+            report_timeout_s=config.report_timeout_s, sick_errors=config.sick_errors,
+            worker_timeout_s=config.worker_timeout_s, is_leader=leading,
+            on_heartbeat_age=lambda w, age: self.metrics.heartbeat_age.labels(w).set(age),
+            on_error=self.metrics.count_loop_error,
+        )  # fmt: skip
+        self.breakers = BreakerLoop(
+            self.mirror, self.store, self.keys, self.alerter, is_leader=leading,
+            on_level=lambda m, level: self.metrics.breaker_level.labels(m).set(level),
+            on_rejected=self.metrics.count_config_rejected, on_error=self.metrics.count_loop_error,
+        )  # fmt: skip
+        self.health = HealthServicer()
+        self.grpc = grpc.aio.server(interceptors=[aio_server_interceptor()])
+        self._task: asyncio.Task[None] | None = None
+        self._metrics_server: Any = None
+        self.endpoints: dict[str, str] = {}
+
+    def _changed(self, keys: set[str]) -> None:
+        self.detector.on_change(keys)
+
+    async def start(self) -> dict[str, str]:
+        cfg = self.config
+        self._metrics_server, metrics_port = start_metrics_server(
+            cfg.metrics_port, cfg.metrics_host, registry=self.metrics.registry
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(
+            HealthV2(self.mirror, self.keys, self.detector), self.grpc
+        )
+        grpc_health_grpc.add_HealthServicer_to_server(self.health, self.grpc)
+        port = self.grpc.add_insecure_port(f"{cfg.grpc_host}:{cfg.grpc_port}")
+        await self.grpc.start()
+        await self.store.connect()
+        await self.mirror.start()
+        await self.election.start()
+        self._task = asyncio.create_task(self._loop(), name="health-checks")
+        for name in ("", "mcpapi.v2.Health"):
+            await self.health.set(name, grpc_health_pb2.HealthCheckResponse.SERVING)
+        self.endpoints = {
+            "health_id": cfg.health_id,
+            "grpc": f"{cfg.grpc_host}:{port}",
+            "metrics": f"{cfg.metrics_host}:{metrics_port}",
+        }
+        return self.endpoints
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.check_interval_s * random.uniform(0.8, 1.2))
+            try:
+                self.detector.check()
+                await self.breakers.check()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.metrics.count_loop_error("health_check")
+                log.exception("health check failed; the next one runs on schedule")
+
+    async def stop(self) -> None:
+        await self.health.enter_graceful_shutdown()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.election.stop()
+        await self.detector.close()
+        await self.alerter.close()
+        await self.grpc.stop(grace=1.0)
+        await self.mirror.stop()
+        await self.store.close()
+        if self._metrics_server is not None:
+            self._metrics_server.stop()

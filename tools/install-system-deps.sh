@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the system tools the project runs, from Debian's packages, when they are missing:
+#   etcd      (package etcd-server, plus etcdctl from etcd-client) — always
+#   promtool  (package prometheus) — with the argument "promtool": checks the shipped alert rules
+set -euo pipefail
+sudo=""
+if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
+install() {
+    echo "installing Debian's $*" >&2
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+if [ "${1:-etcd}" = promtool ]; then
+    command -v promtool >/dev/null 2>&1 || install prometheus
+    command -v promtool >/dev/null
+    exit 0
+fi
+command -v etcd >/dev/null 2>&1 || install etcd-server etcd-client
+command -v etcd >/dev/null
