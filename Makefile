@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup proto proto-check native lint test up down bench models chaos gpu-check compose-config clean
+.PHONY: help setup proto proto-check native lint test up down status bench models chaos gpu-check compose-config clean
 
 help:
 	@echo "make setup | proto | proto-check | native | lint | test | up | down | bench | models | chaos | gpu-check | compose-config"
@@ -44,7 +44,17 @@ bench: setup
 models: setup
 	$(PY) tools/make_models.py --out models --force
 
-native up down chaos gpu-check compose-config:
+# The local cluster: etcd, two workers, scheduler, router, health; demo models loaded; a demo client; status.
+up: setup
+	$(PY) -m mcpclient.launcher up
+
+down:
+	@test -x $(PY) && $(PY) -m mcpclient.launcher down || echo "nothing to stop"
+
+status: setup
+	$(PY) -m mcpclient.launcher status
+
+native chaos gpu-check compose-config:
 	@echo "make $@: not built yet (see the open issues)" >&2; exit 2
 
 clean:

@@ -59,7 +59,16 @@ def free_ports(count: int) -> list[int]:
 class EtcdServer:
     """One single-member etcd in ``base_dir``, on its own client and peer ports (kept across restarts)."""
 
-    def __init__(self, base_dir: Path) -> None:
+    def __init__(
+        self,
+        base_dir: Path,
+        *,
+        client_port: int | None = None,
+        peer_port: int | None = None,
+        detached: bool = False,
+    ) -> None:
+        """``detached``: the server outlives this process (its own session, no kill at exit), as ``make up``
+        wants; otherwise it is killed at interpreter exit if its owner did not stop it."""
         binary = shutil.which("etcd")
         if binary is None:
             raise EtcdStartError("etcd is not installed: run `make setup` (it installs Debian's etcd)")
@@ -68,7 +77,9 @@ class EtcdServer:
         self.base_dir = base_dir
         self.data_dir = base_dir / "data"
         self.log_path = base_dir / "etcd.log"
-        self.client_port, self.peer_port = free_ports(2)
+        ports = free_ports(2) if client_port is None or peer_port is None else [client_port, peer_port]
+        self.client_port, self.peer_port = ports
+        self.detached = detached
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -103,10 +114,12 @@ class EtcdServer:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
+                start_new_session=self.detached,
                 # No preexec_fn: it forces a plain fork(), and gRPC's fork handlers can then abort
                 # the child before it execs etcd (seen: "epoll_wait error: Bad file descriptor").
             )
-        _RUNNING.add(self)
+        if not self.detached:
+            _RUNNING.add(self)
         self.wait_healthy()
 
     def wait_healthy(self, timeout_s: float = _START_TIMEOUT_S) -> None:

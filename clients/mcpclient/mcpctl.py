@@ -3,9 +3,8 @@
 Exit codes: 0 success, 1 an error (one line on stderr; an ``MCPError`` prints its message), 2 bad usage
 (argparse prints the usage). Key material is never printed.
 
-Commands so far: ``encrypt-model`` (offline, on a model repository) and ``keygen`` (adds a key to a
-keyring file). The cluster commands of DESIGN.md section 10 (status, load, unload, route, infer, traffic,
-breaker, profile, dump) are added as further ``_add_*`` functions.
+Commands: ``encrypt-model`` (offline, on a model repository), ``keygen`` (adds a key to a keyring file),
+and the cluster commands of ``cluster_cmds``: status, load, unload, traffic, breaker, route, infer.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from mcpclient import cluster_cmds
 from mcpcore.crypto import Keyring, decrypt_file, encrypt_file, generate_key, write_keyring
 from mcpcore.errors import AlreadyExists, FailedPrecondition, InvalidArgument, MCPError
 from mcpcore.keys import check_name, check_version
@@ -154,7 +154,7 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 # --- entry point -------------------------------------------------------------------------------------------
 
-_COMMANDS: tuple[Callable[[Any], None], ...] = (_add_encrypt_model, _add_keygen)
+_COMMANDS: tuple[Callable[[Any], None], ...] = (_add_encrypt_model, _add_keygen, *cluster_cmds.COMMANDS)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -90,6 +90,7 @@ def mesh(tmp_path_factory, etcd_endpoint, repo):
         "router": router,
         "control": control,
         "stub": stub,
+        "scheduler_addr": scheduler.endpoints["grpc"],
     }
     router.stop()
     scheduler.stop()
@@ -286,3 +287,31 @@ def test_tritonclient_works_against_the_router_unchanged(mesh, repo, model, vers
     assert "INVALID_ARGUMENT" in errors["unknown_output"]["status"]
     if model == "demo-onnx":
         assert report["repository"]["after_unload"]["ready"] is False
+
+
+def test_mcpctl_operates_the_cluster(mesh):
+    """The operator CLI as a real subprocess against the real scheduler and router."""
+    addr = [
+        "--scheduler",
+        mesh["scheduler_addr"],
+        "--router",
+        mesh["router"].endpoints["grpc"],
+        "--health",
+        "127.0.0.1:1",
+    ]
+
+    def mcpctl(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "mcpclient.mcpctl", *args, *addr]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+    status = mcpctl("status")
+    assert status.returncode == 0, status.stderr
+    assert "demo-mlp" in status.stdout and "RUNNING" in status.stdout and "did not answer" in status.stdout
+    infer = mcpctl("infer", "demo-onnx", "--key", "k1")
+    assert infer.returncode == 0 and "demo-onnx/1 on " in infer.stdout and "OUTPUT0 [1, 16]" in infer.stdout
+    route = json.loads(mcpctl("route", "demo-onnx", "--key", "k1").stdout)
+    assert route["version"] == "1" and route["endpoint"].startswith("tcp://")
+    bad = mcpctl("traffic", "demo-onnx", "1", "--canary", "1", "--percent", "10")
+    assert bad.returncode == 1 and "canary" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    missing = mcpctl("infer", "no-such-model")
+    assert missing.returncode == 1 and "no-such-model" in missing.stderr

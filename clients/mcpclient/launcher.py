@@ -1,0 +1,191 @@
+"""The local cluster on one machine, no containers: ``python -m mcpclient.launcher up|down|status``.
+
+``up`` starts etcd (Debian's binary, data in ``.run/etcd``; skipped when ``MCP_ETCD_ENDPOINTS`` names one
+already running), builds the demo model repository (``.run/models``), starts two workers, the scheduler,
+the router and the health service on DESIGN.md section 13's ports, loads the demo models, sends a few
+requests through the router, and prints the status table. Logs and pid files go to ``.run/``; ``down``
+stops everything it started. A port already in use fails at once with the process to blame named.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from mcpapi.v2 import control_pb2, control_pb2_grpc, inference_pb2, inference_pb2_grpc, model_pb2
+from mcpclient.cluster_cmds import status_table
+from mcpclient.localetcd import EtcdServer
+from mcpcore import dtypes
+
+__all__ = ["main"]
+
+RUN = Path(".run")
+ROUTER, SCHEDULER, HEALTH = "127.0.0.1:8001", "127.0.0.1:50051", "127.0.0.1:50053"
+SERVICES = {  # name -> (module, flags)
+    "worker-1": ("mcp_worker", ["--worker-id", "worker-1", "--metrics-port", "9110", "--grpc-port", "50061",
+                                "--zmq-bind", "tcp://127.0.0.1:5561"]),
+    "worker-2": ("mcp_worker", ["--worker-id", "worker-2", "--metrics-port", "9111", "--grpc-port", "50062",
+                                "--zmq-bind", "tcp://127.0.0.1:5562"]),
+    "scheduler": ("mcp_scheduler", ["--scheduler-id", "scheduler-1"]),
+    "router": ("mcp_router", ["--router-id", "router-1"]),
+    "health": ("mcp_health", ["--health-id", "health-1"]),
+}  # fmt: skip
+PORTS = {
+    8001: "router", 50051: "scheduler", 50053: "health", 9101: "router metrics", 9102: "scheduler metrics",
+    9103: "health metrics", 9110: "worker-1 metrics", 9111: "worker-2 metrics",
+}  # fmt: skip
+DEMO = [
+    model_pb2.ModelSpec(model="demo-mlp", versions=["1", "2"], replicas=2, fallback_version="1"),
+    model_pb2.ModelSpec(model="demo-onnx", versions=["1"], replicas=1),
+    model_pb2.ModelSpec(model="demo-mlp-enc", versions=["1"], replicas=1),
+]
+
+
+def _busy(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _start(name: str, module: str, flags: list[str], env: dict[str, str]) -> dict[str, str]:
+    log = RUN / f"{name}.log"
+    out = RUN / f"{name}.out"
+    with log.open("ab") as err, out.open("wb") as stdout:
+        proc = subprocess.Popen([sys.executable, "-m", module, *flags], stdout=stdout, stderr=err, env=env,
+                                start_new_session=True)  # fmt: skip
+    (RUN / f"{name}.pid").write_text(str(proc.pid))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # the service prints one JSON "ready" line when it serves
+        text = out.read_text()
+        if text.strip():
+            return json.loads(text.splitlines()[0])
+        if proc.poll() is not None:
+            raise SystemExit(f"{name} exited during start-up; see {log}:\n{log.read_text()[-2000:]}")
+        time.sleep(0.05)
+    raise SystemExit(f"{name} did not start within 60 s; see {log}")
+
+
+def _etcd(env: dict[str, str]) -> str:
+    if "MCP_ETCD_ENDPOINTS" in os.environ:
+        return os.environ["MCP_ETCD_ENDPOINTS"]
+    if _busy(2379):
+        raise SystemExit("port 2379 is in use: set MCP_ETCD_ENDPOINTS to use that etcd, or stop it")
+    shutil.rmtree(RUN / "etcd", ignore_errors=True)  # a fresh cluster state each time
+    server = EtcdServer(RUN / "etcd", client_port=2379, peer_port=2380, detached=True)
+    server.start()
+    (RUN / "etcd.pid").write_text(str(server.proc.pid))
+    return server.endpoint
+
+
+def _demo_repository() -> Path:
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("make_models", root / "tools" / "make_models.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.make_models(RUN / "models", force=True)
+    return (RUN / "models").resolve()
+
+
+def _demo_client() -> None:
+    stub = inference_pb2_grpc.InferenceStub(grpc.insecure_channel(ROUTER))
+    x = np.random.default_rng(0).random((1, 64), dtype=np.float32)
+    tensor = inference_pb2.Tensor(
+        name="INPUT0", dtype=dtypes.wire_value("FP32"), shape=[1, 64], data=x.tobytes()
+    )
+    for model, key in (
+        ("demo-mlp", "user-1"),
+        ("demo-mlp", "user-2"),
+        ("demo-onnx", ""),
+        ("demo-mlp-enc", ""),
+    ):
+        for _ in range(50):  # the router learns of the new routes from etcd within milliseconds
+            try:
+                reply = stub.Infer(
+                    inference_pb2.InferRequest(model=model, routing_key=key, inputs=[tensor]), timeout=10
+                )
+                break
+            except grpc.RpcError as err:
+                if err.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
+                    raise
+                time.sleep(0.1)
+        out = np.frombuffer(reply.outputs[0].data, np.float32)
+        head = ", ".join(f"{v:.4f}" for v in out[:3])
+        print(f"demo client: {model}/{reply.version} on {reply.worker_id}: OUTPUT0[:3] = [{head}]")
+
+
+def up() -> int:
+    RUN.mkdir(exist_ok=True)
+    if any((RUN / f"{n}.pid").exists() for n in SERVICES):
+        print(
+            "a local cluster seems to be running already (.run/*.pid); run `make down` first", file=sys.stderr
+        )
+        return 1
+    taken = [f"{port} ({what})" for port, what in PORTS.items() if _busy(port)]
+    if taken:
+        print(f"ports in use: {', '.join(taken)}; stop what holds them (or `make down`)", file=sys.stderr)
+        return 1
+    env = dict(os.environ)
+    endpoint = _etcd(env)
+    repo = _demo_repository()
+    for prefix in ("WORKER", "SCHEDULER", "ROUTER", "HEALTH"):
+        env[f"MCP_{prefix}_ETCD_ENDPOINTS"] = endpoint
+    env["MCP_WORKER_REPOSITORY"] = str(repo)
+    env["MCP_WORKER_KEYRING"] = str(repo / "keyring.json")
+    env["MCP_WORKER_CHECKPOINT_DIR"] = str((RUN / "checkpoints").resolve())
+    for name, (module, flags) in SERVICES.items():
+        ready = _start(name, module, flags, env)
+        print(f"started {name}: {json.dumps(ready)}")
+    control = control_pb2_grpc.ModelControlStub(grpc.insecure_channel(SCHEDULER))
+    for spec in DEMO:
+        control.LoadModel(control_pb2.LoadModelRequest(spec=spec), timeout=120)
+        print(f"loaded {spec.model} versions {list(spec.versions)} x{spec.replicas}")
+    _demo_client()
+    print()
+    print(status_table(SCHEDULER, HEALTH))
+    print(f"\nrouter (mcpapi v1/v2, KServe V2) at {ROUTER}; etcd at {endpoint}; logs in {RUN}/")
+    print("`make down` stops it; `.venv/bin/mcpctl status` shows it")
+    return 0
+
+
+def down() -> int:
+    stopped = []
+    for pid_file in sorted(RUN.glob("*.pid")):
+        with contextlib.suppress(ValueError, ProcessLookupError):
+            pid = int(pid_file.read_text())
+            os.kill(pid, signal.SIGTERM)
+            for _ in range(100):
+                os.kill(pid, 0)
+                time.sleep(0.05)
+            os.kill(pid, signal.SIGKILL)
+        pid_file.unlink()
+        stopped.append(pid_file.stem)
+    print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mcpmesh-local", description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=["up", "down", "status"])
+    args = parser.parse_args(argv)
+    if args.action == "up":
+        return up()
+    if args.action == "down":
+        return down()
+    print(status_table(SCHEDULER, HEALTH))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
