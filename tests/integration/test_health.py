@@ -216,3 +216,45 @@ def test_an_invalid_policy_is_rejected_and_the_last_good_one_stays(etcd_endpoint
     )
     _window(etcd_endpoint, keys, "p", timeout=35)
     wait_for(lambda: _level(etcd_endpoint, keys, "p") == 1, what="the default policy still in force")
+
+
+def test_a_sick_worker_gets_an_emergency_stop(tmp_path, etcd_endpoint, repo, prefix, health, receiver):
+    """Backend faults in a worker's reports (here written for it) make health stop it through its API."""
+    worker = WorkerProcess(
+        tmp_path, etcd_endpoint, repo, prefix=prefix, lease_ttl_s=20, heartbeat_interval_s=8
+    ).start()
+    keys = Keyspace(prefix)
+    try:
+        load_and_run(worker.control(), "demo-mlp")
+        report = etcd_get(etcd_endpoint, keys.worker_load(worker.worker_id))
+        wait_for(
+            lambda: any(w.worker_id == worker.worker_id for w in _cluster(health).workers),
+            what="health sees it",
+        )
+        for errors in (0, 500):  # two reports, one check apart: 500 requests failed in between
+            etcd_put(
+                etcd_endpoint,
+                keys.worker_load(worker.worker_id),
+                {**report, "last_beat": time.time(), "exec_errors_total": errors},
+            )
+            time.sleep(0.3)  # checks run every 0.1 s: let one see this report
+        wait_for(
+            lambda: replica_state(etcd_endpoint, keys, "demo-mlp", worker.worker_id) == "ERROR",
+            timeout_s=10, what="the worker emergency-stopped",
+        )  # fmt: skip
+        record = etcd_get(etcd_endpoint, keys.replica("demo-mlp", "1", worker.worker_id))
+        assert "emergency stop: health: 500 requests failed" in record["reason"]
+        receiver.wait_for(
+            lambda posts: any(a["labels"]["alertname"] == "WorkerSick" for a in _alerts(receiver)), timeout=5
+        )
+    finally:
+        worker.stop()
+
+
+def _cluster(health: HealthProcess) -> health_pb2.ClusterHealthResponse:
+    stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(health.endpoints["grpc"]))
+    return stub.ClusterHealth(health_pb2.ClusterHealthRequest(), timeout=5)
+
+
+def _alerts(receiver: WebhookReceiver) -> list[dict]:
+    return [a for body in receiver.accepted for a in body]
