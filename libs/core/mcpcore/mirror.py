@@ -51,6 +51,10 @@ class PrefixMirror:
     async def start(self) -> None:
         """List once (raises if etcd is unreachable), then keep watching in the background."""
         await self._list()
+        self.start_in_background()
+
+    def start_in_background(self) -> None:
+        """List (retrying while etcd is away) and watch, all in the background; ``synced`` tells when."""
         self._task = asyncio.create_task(self._watch(), name=f"{self._name}-watch")
 
     async def stop(self) -> None:
@@ -71,6 +75,8 @@ class PrefixMirror:
         backoff = 0.1
         while True:
             try:
+                if not self.synced.is_set():
+                    await self._list()
                 stream = self._store.watch_prefix(self.prefix, start_revision=self.revision + 1)
                 async with contextlib.aclosing(stream) as batches:
                     async for batch in batches:

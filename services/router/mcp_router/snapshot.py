@@ -13,10 +13,8 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +24,8 @@ from mcp_router.ring import HashRing
 from mcpcore.breaker import BreakerDoc, parse_breaker
 from mcpcore.errors import InvalidArgument
 from mcpcore.keys import Keyspace
-from mcpcore.store import EventType, Store, WatchCompacted
+from mcpcore.mirror import PrefixMirror
+from mcpcore.store import EventType, Store
 
 __all__ = ["ModelRoute", "RoutingTable", "Snapshots", "Split", "WorkerEndpoint"]
 
@@ -81,11 +80,8 @@ class Snapshots:
         on_applied: Callable[[float], None] = lambda seconds: None,
         on_swap: Callable[[RoutingTable, RoutingTable], None] = lambda old, new: None,
     ) -> None:
-        self._store = store
         self._keys = keys
         self._on_rejected = on_rejected
-        self._on_error = on_error
-        self._on_applied = on_applied
         self._on_swap = on_swap
         self._workers: dict[str, WorkerEndpoint] = {}
         self._replicas: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}  # model -> (v, w) -> record
@@ -93,64 +89,32 @@ class Snapshots:
         self._specs: dict[str, dict[str, Any]] = {}
         self._breakers: dict[str, BreakerDoc] = {}
         self.table = RoutingTable()
-        self.synced = asyncio.Event()
-        self._revision = 0
-        self._task: asyncio.Task[None] | None = None
+        self.mirror = PrefixMirror(
+            store, keys.prefix + "/", on_change=self._changed, on_error=on_error, on_applied=on_applied,
+            name="router-snapshot",
+        )  # fmt: skip
+
+    @property
+    def synced(self) -> asyncio.Event:
+        return self.mirror.synced
 
     async def start(self) -> None:
-        await self._relist()
-        self._task = asyncio.create_task(self._watch(), name="router-snapshot-watch")
+        await self.mirror.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self.mirror.stop()
 
-    async def _relist(self) -> None:
-        snapshot = await self._store.get_prefix(self._keys.prefix + "/")
-        self._workers.clear()
-        self._replicas.clear()
-        self._routing.clear()
-        self._specs.clear()
-        for kv in snapshot.items:
-            self._apply(EventType.PUT, kv.key, kv.value)
-        self._revision = snapshot.revision
-        self._swap(set(self._specs) | set(self._replicas) | set(self._routing), all_models=True)
-        self.synced.set()
-
-    async def _watch(self) -> None:
-        backoff = 0.1
-        while True:
-            try:
-                stream = self._store.watch_prefix(self._keys.prefix + "/", start_revision=self._revision + 1)
-                async with contextlib.aclosing(stream) as events:
-                    async for batch in events:
-                        started = time.perf_counter()
-                        dirty: set[str] = set()
-                        workers_changed = False
-                        for ev in batch:
-                            self._revision = max(self._revision, ev.mod_revision)
-                            touched = self._apply(ev.type, ev.key, ev.value)
-                            workers_changed |= touched == "*"
-                            if touched and touched != "*":
-                                dirty.add(touched)
-                        if dirty or workers_changed:
-                            self._swap(dirty, all_models=workers_changed)
-                        self._on_applied(time.perf_counter() - started)
-                        backoff = 0.1
-            except asyncio.CancelledError:
-                raise
-            except WatchCompacted:
-                log.warning("watch history compacted; re-listing")
-                with contextlib.suppress(Exception):
-                    await self._relist()
-            except Exception as exc:
-                self._on_error("snapshot_watch")
-                log.warning(
-                    "snapshot watch failed (%s); routing on the last table, resuming in %.1fs", exc, backoff
-                )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+    def _changed(self, keys: set[str]) -> None:
+        dirty: set[str] = set()
+        workers_changed = False
+        for key in keys:
+            value = self.mirror.values.get(key)
+            touched = self._apply(EventType.DELETE if value is None else EventType.PUT, key, value or b"")
+            workers_changed |= touched == "*"
+            if touched and touched != "*":
+                dirty.add(touched)
+        if dirty or workers_changed or not self.table.revision:
+            self._swap(dirty, all_models=workers_changed or not self.table.revision)
 
     # -- applying events: return the model touched, "*" for a worker, "" for nothing ------------------
     def _apply(self, kind: EventType, key: str, value: bytes) -> str:
@@ -218,7 +182,9 @@ class Snapshots:
                 models.pop(name, None)
             else:
                 models[name] = route
-        self.table = RoutingTable(models=models, workers=dict(self._workers), revision=self._revision)
+        self.table = RoutingTable(
+            models=models, workers=dict(self._workers), revision=max(1, self.mirror.revision)
+        )
         self._on_swap(old, self.table)
 
     def _build(self, model: str) -> ModelRoute | None:

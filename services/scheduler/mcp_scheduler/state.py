@@ -25,7 +25,8 @@ from mcp_scheduler.view import ClusterView, Demand, ModelSpecDoc, ReplicaInfo, T
 from mcpcore.breaker import parse_breaker
 from mcpcore.errors import InvalidArgument
 from mcpcore.keys import Keyspace
-from mcpcore.store import EventType, Store, WatchCompacted
+from mcpcore.mirror import PrefixMirror
+from mcpcore.store import EventType, Store
 
 __all__ = ["ClusterState", "Subscription"]
 
@@ -60,21 +61,17 @@ class ClusterState:
         on_applied: Callable[[float], None] = lambda seconds: None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._store = store
         self._keys = keys
         self._on_rejected = on_rejected
-        self._on_error = on_error
-        self._on_applied = on_applied
         self._clock = clock
-        self._raw: dict[str, bytes] = {}
-        self._revisions: dict[str, int] = {}
+        self.mirror = PrefixMirror(
+            store, keys.prefix + "/", on_change=self._changed, on_error=on_error, on_applied=on_applied,
+            name="scheduler-state",
+        )  # fmt: skip
         self._good: dict[str, Any] = {}  # key -> last good parsed operator document
         self._parsed: dict[str, tuple[int, Any]] = {}  # key -> (revision, parsed): views reuse it
         self.rejections: dict[str, str] = {}  # key -> why its current value was ignored
-        self.revision = 0
         self.changed = asyncio.Event()
-        self.synced = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
         self._waiters: set[asyncio.Future[None]] = set()
         self._subscribers: set[Subscription] = set()
 
@@ -108,74 +105,44 @@ class ClusterState:
 
     # -- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
-        await self._relist()
-        self._task = asyncio.create_task(self._watch(), name="scheduler-state-watch")
+        await self.mirror.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self.mirror.stop()
 
-    async def _relist(self) -> None:
-        snapshot = await self._store.get_prefix(self._keys.prefix + "/")
-        self._raw = {kv.key: kv.value for kv in snapshot.items}
-        self._revisions = {kv.key: kv.mod_revision for kv in snapshot.items}
-        self.revision = snapshot.revision
-        for key in list(self._raw):
-            self._check(key)
-        self.synced.set()
+    @property
+    def synced(self) -> asyncio.Event:
+        return self.mirror.synced
+
+    @property
+    def revision(self) -> int:
+        return self.mirror.revision
+
+    @property
+    def _raw(self) -> dict[str, bytes]:
+        return self.mirror.values
+
+    @property
+    def _revisions(self) -> dict[str, int]:
+        return self.mirror.revisions
+
+    def _changed(self, keys: set[str]) -> None:
+        for key in sorted(keys, key=lambda k: self._revisions.get(k, self.revision)):
+            value = self._raw.get(key)
+            if value is None:
+                self._good.pop(key, None)
+                self._parsed.pop(key, None)
+                self.rejections.pop(key, None)
+                self._publish(EventType.DELETE, key, b"", self.revision)
+            else:
+                self._check(key)
+                self._publish(EventType.PUT, key, value, self._revisions[key])
         self._notify()
 
-    async def _watch(self) -> None:
-        backoff = 0.1
-        while True:
-            try:
-                stream = self._store.watch_prefix(self._keys.prefix + "/", start_revision=self.revision + 1)
-                async with contextlib.aclosing(stream) as events:
-                    async for batch in events:
-                        started = time.perf_counter()
-                        for ev in batch:
-                            self._apply(ev.type, ev.key, ev.value, ev.mod_revision)
-                        self._notify()
-                        self._on_applied(time.perf_counter() - started)
-                        backoff = 0.1
-            except asyncio.CancelledError:
-                raise
-            except WatchCompacted:
-                log.warning("watch history compacted; re-listing the cluster state")
-                await self._relist_with_retry()
-            except Exception as exc:
-                self._on_error("state_watch")
-                log.warning("state watch failed (%s); resuming in %.1fs", exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-
-    async def _relist_with_retry(self) -> None:
-        while True:
-            try:
-                await self._relist()
-                return
-            except Exception as exc:
-                self._on_error("state_relist")
-                log.warning("re-list failed (%s); retrying", exc)
-                await asyncio.sleep(1.0)
-
-    def _apply(self, kind: EventType, key: str, value: bytes, revision: int) -> None:
-        self.revision = max(self.revision, revision)
+    def _publish(self, kind: EventType, key: str, value: bytes, revision: int) -> None:
         for sub in list(self._subscribers):
             if not sub.offer((kind, key, value, revision)):
                 self._subscribers.discard(sub)  # a watcher that does not read is dropped, never waited for
-
-        if kind is EventType.DELETE:
-            self._raw.pop(key, None)
-            self._revisions.pop(key, None)
-            self._good.pop(key, None)
-            self._parsed.pop(key, None)
-            self.rejections.pop(key, None)
-            return
-        self._raw[key] = value
-        self._revisions[key] = revision
-        self._check(key)
 
     def _check(self, key: str) -> None:
         """Validate an operator-writable document as it arrives, keeping the last good one."""

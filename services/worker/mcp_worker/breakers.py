@@ -24,7 +24,8 @@ from collections.abc import Callable
 from mcpcore.breaker import BreakerDoc, parse_breaker
 from mcpcore.errors import InvalidArgument
 from mcpcore.keys import Keyspace
-from mcpcore.store import EventType, Store, WatchCompacted
+from mcpcore.mirror import PrefixMirror
+from mcpcore.store import EventType, Store
 
 __all__ = ["BreakerWatch", "level_in_force"]
 
@@ -48,7 +49,6 @@ class BreakerWatch:
         on_error: Callable[[str], None] = lambda loop: None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._store = store
         self._keys = keys
         self._on_level = on_level
         self._on_rejected = on_rejected
@@ -56,10 +56,15 @@ class BreakerWatch:
         self._clock = clock
         self._docs: dict[str, BreakerDoc] = {}  # model -> last good document
         self._levels: dict[str, int] = {}  # model -> level in force (absent: 0)
-        self._revision = 0
         self._rearm = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
-        self.synced = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.mirror = PrefixMirror(
+            store, keys.breakers_prefix(), on_change=self._changed, on_error=on_error, name="worker-breakers"
+        )
+
+    @property
+    def synced(self) -> asyncio.Event:
+        return self.mirror.synced
 
     def level(self, model: str) -> int:
         return self._levels.get(model, 0)
@@ -68,58 +73,20 @@ class BreakerWatch:
         return dict(self._levels)
 
     def start(self) -> None:
-        self._tasks = [
-            asyncio.create_task(self._watch(), name="worker-breaker-watch"),
-            asyncio.create_task(self._expiries(), name="worker-breaker-expiry"),
-        ]
+        """Never waits for etcd: the mirror lists and watches in the background, retrying."""
+        self.mirror.start_in_background()
+        self._task = asyncio.create_task(self._expiries(), name="worker-breaker-expiry")
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
+        await self.mirror.stop()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
 
-    # -- the watch -------------------------------------------------------------------------------------
-    async def _watch(self) -> None:
-        backoff, listed = 0.1, False
-        while True:
-            try:
-                if not listed:
-                    await self._relist()
-                    listed = True
-                stream = self._store.watch_prefix(
-                    self._keys.breakers_prefix(), start_revision=self._revision + 1
-                )
-                async with contextlib.aclosing(stream) as events:
-                    async for batch in events:
-                        for ev in batch:
-                            self._revision = max(self._revision, ev.mod_revision)
-                            self._apply(ev.type, ev.key, ev.value)
-                        backoff = 0.1
-            except asyncio.CancelledError:
-                raise
-            except WatchCompacted:
-                log.warning("breaker watch history compacted; re-listing")
-                listed = False
-            except Exception as exc:
-                self._on_error("breaker_watch")
-                log.warning(
-                    "breaker watch failed (%s); levels in force stay, resuming in %.1fs", exc, backoff
-                )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-
-    async def _relist(self) -> None:
-        snapshot = await self._store.get_prefix(self._keys.breakers_prefix())
-        present = set()
-        for kv in snapshot.items:
-            model = self._apply(EventType.PUT, kv.key, kv.value)
-            if model:
-                present.add(model)
-        for model in set(self._docs) - present:  # deleted while we were not watching
-            self._apply(EventType.DELETE, self._keys.breaker(model), b"")
-        self._revision = snapshot.revision
-        self.synced.set()
+    def _changed(self, keys: set[str]) -> None:
+        for key in keys:
+            value = self.mirror.values.get(key)
+            self._apply(EventType.DELETE if value is None else EventType.PUT, key, value or b"")
 
     def _apply(self, kind: EventType, key: str, value: bytes) -> str:
         """Apply one event; returns the model it is about ("" for a key that is not a breaker)."""
