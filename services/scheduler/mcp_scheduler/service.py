@@ -238,11 +238,16 @@ class ControlService:
         raise FailedPrecondition(f"the spec of {model} keeps changing under concurrent writers; retry")
 
     def _loaded(self, status: ModelStatusView, versions: tuple[str, ...]) -> bool:
+        """Every requested version RUNNING on its replica count, and a routing in force: once LoadModel
+        returns, routers can route the model (they follow the routing key within milliseconds)."""
+        if status.spec is not None and status.spec.load_on_demand and status.spec.replicas == 0:
+            return True
         counts = status.status.get("versions", {})
-        return all(
+        running = all(
             v in counts and counts[v]["required"] > 0 and counts[v]["running"] >= counts[v]["required"]
             for v in versions
-        ) or (status.spec is not None and status.spec.load_on_demand and status.spec.replicas == 0)
+        )
+        return running and status.routing is not None
 
     async def _wait(
         self,
