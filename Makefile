@@ -33,7 +33,7 @@ lint: $(STAMP) proto-check
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 
-test: setup
+test: setup native
 	$(VENV)/bin/pytest -q tests
 
 # Performance figures (DESIGN.md sections 12-13): ratios against baselines measured in the same run.
@@ -45,7 +45,7 @@ models: setup
 	$(PY) tools/make_models.py --out models --force
 
 # The local cluster: etcd, two workers, scheduler, router, health; demo models loaded; a demo client; status.
-up: setup
+up: setup native
 	$(PY) -m mcpclient.launcher up
 
 down:
@@ -54,7 +54,11 @@ down:
 status: setup
 	$(PY) -m mcpclient.launcher status
 
-native chaos gpu-check compose-config:
+# The C memory pool (and, where nvcc exists, the CUDA kernels) with the system compiler; no downloads.
+native:
+	libs/native/build.sh lib
+
+chaos gpu-check compose-config:
 	@echo "make $@: not built yet (see the open issues)" >&2; exit 2
 
 clean:

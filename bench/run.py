@@ -37,6 +37,7 @@ from mcpcore.modelspec import parse_model_yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from health_bench import bench_failover  # noqa: E402
+from mempool_bench import bench_mempool  # noqa: E402
 from ring_bench import bench_ring  # noqa: E402
 from router_bench import bench_e2e, bench_transport  # noqa: E402
 from scheduler_bench import bench_load_to_running, bench_reconcile  # noqa: E402
@@ -124,6 +125,7 @@ BENCHES: dict[str, Callable[[Path, float], dict[str, float]]] = {
     "transport": bench_transport,
     "e2e": bench_e2e,
     "failover": bench_failover,
+    "mempool": bench_mempool,
 }
 
 

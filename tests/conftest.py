@@ -12,6 +12,7 @@ server that does not come up fails with the tail of its log.
 from __future__ import annotations
 
 import contextlib
+import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -21,6 +22,19 @@ import pytest
 from mcpclient.localetcd import EtcdServer
 from mcpcore import errors
 from mcpcore.etcd_store import EtcdStore
+
+
+@pytest.fixture(scope="session")
+def built_library() -> Path:
+    """libs/native's pool library, (re)built with the system compiler when missing or stale."""
+    from mcp_native import pool as native_pool  # noqa: PLC0415
+
+    native = Path(__file__).resolve().parents[1] / "libs" / "native"
+    sources = [*native.glob("src/*.c"), *native.glob("include/*.h")]
+    library = native_pool.LIBRARY
+    if not library.is_file() or library.stat().st_mtime < max(s.stat().st_mtime for s in sources):
+        subprocess.run([str(native / "build.sh"), "lib"], check=True, capture_output=True, timeout=120)
+    return library
 
 
 @pytest.fixture(scope="session")

@@ -34,6 +34,7 @@ from typing import Any, Protocol, cast
 import numpy as np
 
 from mcp_worker.batch_policy import BatchConfig, BatchPolicy, Request
+from mcp_worker.buffers import BatchBuffers
 from mcp_worker.sharing import ModelShare, StrideScheduler, calculate_weights
 from mcpcore.errors import (
     DeadlineExceeded,
@@ -323,9 +324,29 @@ class ModelQueue:
         inputs = cast(list[Tensors], [r.inputs for r in batch])
         if not self.config.batched:
             return _split(self._run_batch(inputs[0]), None, self.key)
-        if len(batch) > 1:
-            inputs = [{n: np.concatenate([x[n] for x in inputs]) for n in inputs[0]}]
-        return _split(self._run_batch(inputs[0]), [r.rows for r in batch], self.key)
+        rows = [r.rows for r in batch]
+        if len(batch) == 1:
+            return _split(self._run_batch(inputs[0]), rows, self.key)
+        buffers = self._dispatcher.buffers
+        if buffers is None:
+            merged = {n: np.concatenate([x[n] for x in inputs]) for n in inputs[0]}
+            return _split(self._run_batch(merged), rows, self.key)
+        leases = []
+        try:  # batch assembly in pool blocks: no fresh pages per batch
+            merged = {}
+            for name in inputs[0]:
+                merged[name], lease = buffers.concatenate([x[name] for x in inputs])
+                leases.append(lease)
+            outputs = self._run_batch(merged)
+            if isinstance(outputs, Mapping):  # an output that views an input must outlive the blocks
+                outputs = {
+                    n: a.copy() if any(np.may_share_memory(a, m) for m in merged.values()) else a
+                    for n, a in outputs.items()
+                }
+            return _split(outputs, rows, self.key)
+        finally:
+            for lease in leases:
+                lease.release()
 
     def batch_error(self, exc: Exception, size: int) -> MCPError:
         if not isinstance(exc, MCPError) or error_class(exc) == "backend":
@@ -356,10 +377,12 @@ class Dispatcher:
         clock: Callable[[], float] = time.monotonic,
         load_probe: Callable[[], float] | None = None,
         metrics: BatchMetrics | None = None,
+        buffers: BatchBuffers | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         self.slots, self.clock = slots, clock
+        self.buffers = buffers  # pool-backed batch assembly (None: numpy)
         self._own_executor = executor is None
         self._executor = executor or concurrent.futures.ThreadPoolExecutor(slots, "mcp-batch")
         self._load_probe, self._metrics = load_probe, metrics

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from mcp_worker.batching import Dispatcher
 from mcp_worker.breakers import BreakerWatch
+from mcp_worker.buffers import BatchBuffers
 from mcp_worker.config import WorkerConfig
 from mcp_worker.memory import MemoryBudget
 from mcp_worker.models import ModelManager
@@ -62,7 +63,10 @@ class Worker:
         self.keys = Keyspace(config.etcd_prefix)
         self.store = EtcdStore(config.etcd_endpoints, timeout=config.etcd_timeout_s)
         self._executor = ThreadPoolExecutor(config.exec_slots, thread_name_prefix="mcp-exec")
-        self.dispatcher = Dispatcher(slots=config.exec_slots, executor=self._executor, metrics=self.metrics)
+        self.buffers = BatchBuffers(blocks_per_class=2 * config.exec_slots)
+        self.dispatcher = Dispatcher(
+            slots=config.exec_slots, executor=self._executor, metrics=self.metrics, buffers=self.buffers
+        )
         keyring = Keyring.load(config.keyring) if config.keyring else None
         self.manager = ModelManager(
             worker_id=config.worker_id,
@@ -152,6 +156,7 @@ class Worker:
         await self.manager.close()
         await self.dispatcher.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self.buffers.close()
         await self.store.close()
         if self._metrics_server is not None:
             self._metrics_server.stop()
