@@ -57,8 +57,15 @@ status: setup
 # The C memory pool (and, where nvcc exists, the CUDA kernels) with the system compiler; no downloads.
 native:
 	libs/native/build.sh lib
+	libs/native/cuda/build.sh
 
-chaos gpu-check compose-config:
+# The GPU checks and benchmark (DESIGN.md section 9): needs a CUDA GPU; without one it says so and fails.
+# No setup dependency: the GPU machine has no network (pycuda comes as an sdist in .whl/, see
+# tools/prepare_gpu_wheels.sh).
+gpu-check:
+	$(if $(wildcard $(PY)),$(PY),python3) tools/gpu_check.py
+
+chaos compose-config:
 	@echo "make $@: not built yet (see the open issues)" >&2; exit 2
 
 clean:

@@ -378,3 +378,17 @@ def test_curve_keys_admit_only_clients_that_know_the_server_key(tmp_path, etcd_e
         trusted.close()
         plain.close()
         proc.stop()
+
+
+def test_numa_pin_without_a_gpu_is_a_logged_no_op(tmp_path, etcd_endpoint, repo, prefix):
+    proc = WorkerProcess(
+        tmp_path, etcd_endpoint, repo, prefix=prefix, numa_pin="true", gpu_pci_bus_id="0000:ff:00.0"
+    )
+    proc.args = [a for a in proc.args if a != "true"]  # a boolean flag takes no value
+    proc.args[proc.args.index("--numa-pin")] = "--numa-pin"
+    proc.start()
+    try:
+        load_and_run(proc.control(), "demo-mlp")
+        assert "numa: not pinning" in proc.log.read_text()
+    finally:
+        proc.stop()

@@ -284,12 +284,10 @@ def test_warmup_runs_zeros_of_batch_one_and_close_is_final() -> None:
 # --- create_backend and the onnx backend's load checks -----------------------------------------------------
 
 
-def test_create_backend_rejects_unknown_cuda_and_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_create_backend_rejects_unknown_and_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     config = _config([DENSE])
     with pytest.raises(InvalidArgument, match="unknown backend 'tpu'"):
         create_backend(dataclasses.replace(config, backend="tpu"), None)
-    with pytest.raises(FailedPrecondition, match="the cuda backend is not built yet"):
-        create_backend(dataclasses.replace(config, backend="cuda"), None)
     monkeypatch.setattr(NumpyBackend, "available", classmethod(lambda cls: (False, "no BLAS today")))
     with pytest.raises(FailedPrecondition, match="backend numpy is unavailable: no BLAS today"):
         create_backend(config, safetensors.numpy.save(_tensors()))

@@ -52,6 +52,11 @@ class WorkerConfig:
     labels: tuple[str, ...] = ()
     #: Where EmergencyStop writes its checkpoint file.
     checkpoint_dir: str = ".run/checkpoints"
+    #: Pin this process to the CPUs of its GPU's NUMA node (read from sysfs) at start-up.
+    numa_pin: bool = False
+    #: The GPU whose node to use: its PCI bus id, else nvidia-smi's for ``gpu_index``.
+    gpu_pci_bus_id: str = ""
+    gpu_index: int = 0
 
     def __post_init__(self) -> None:
         if not self.worker_id:

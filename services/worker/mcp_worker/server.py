@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from prometheus_client import CollectorRegistry
 
+from mcp_worker import numa
 from mcp_worker.batching import Dispatcher
 from mcp_worker.breakers import BreakerWatch
 from mcp_worker.buffers import BatchBuffers
@@ -109,6 +110,12 @@ class Worker:
 
     async def start(self) -> dict[str, str]:
         cfg = self.config
+        if cfg.numa_pin:
+            bus_id = cfg.gpu_pci_bus_id or numa.nvidia_smi_pci_bus_id(cfg.gpu_index)
+            if bus_id:
+                numa.pin_to_gpu_numa_node(bus_id)
+            else:
+                log.info("numa_pin: no GPU bus id (set gpu_pci_bus_id, or install nvidia-smi); not pinning")
         self._metrics_server, metrics_port = start_metrics_server(
             cfg.metrics_port, cfg.metrics_host, registry=self.metrics.registry
         )

@@ -1,4 +1,4 @@
-"""Model execution backends behind one small interface (numpy, onnx; cuda comes later).
+"""Model execution backends behind one small interface (numpy, onnx, cuda).
 
 ``create_backend(config, weights)`` builds the backend a model.yaml names from its decrypted weights
 bytes; the backend modules themselves are imported only when a model needs them (see ``base``).

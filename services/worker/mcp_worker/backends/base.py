@@ -36,8 +36,9 @@ log = logging.getLogger(__name__)
 BACKEND_CLASSES: dict[str, str] = {
     "numpy": "mcp_worker.backends.numpy_backend:NumpyBackend",
     "onnx": "mcp_worker.backends.onnx_backend:OnnxBackend",
+    "cuda": "mcp_worker.backends.cuda_backend:CudaBackend",
 }
-_NOT_BUILT = {"cuda": "the cuda backend is not built yet; serve this model with backend numpy or onnx"}
+_NOT_BUILT: dict[str, str] = {}  # backend -> why it cannot be used yet
 _MAX_DETAIL = 300
 
 
