@@ -67,9 +67,13 @@ class BatchBuffers:
                 found = self._pools[size_class] = self._native.Pool(size_class, self._blocks)  # type: ignore[union-attr]
             return found
 
+    def wants(self, nbytes: int) -> bool:
+        """Whether a buffer of ``nbytes`` would come from the pool (large enough, not too large)."""
+        return self._native is not None and self._min <= nbytes <= self._max
+
     def take(self, nbytes: int) -> Lease:
         """A uint8 buffer of at least ``nbytes`` bytes (exactly ``nbytes`` long)."""
-        if self._native is not None and self._min <= nbytes <= self._max:
+        if self.wants(nbytes):
             size_class = 1 << (nbytes - 1).bit_length()
             pool = self._pool(size_class)
             block = pool.alloc()  # type: ignore[attr-defined]

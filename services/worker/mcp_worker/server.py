@@ -90,6 +90,7 @@ class Worker:
             ),
             curve_secret=curve_secret,
             on_error=self.metrics.count_loop_error,
+            buffers=self.buffers,
         )
         self.health = HealthServicer()
         self.grpc = grpc.aio.server(
@@ -253,6 +254,7 @@ class Worker:
             # requests the models failed (backend faults): the health service stops a worker that keeps
             # failing; a device fault flag comes with the cuda backend
             "exec_errors_total": errors,
+            "buffer_pool_hits": self.buffers.pool_hits,
             "device_error": "",
             "models": models,
         }

@@ -17,16 +17,32 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zmq
 import zmq.asyncio
 
+from mcp_worker.buffers import BatchBuffers, Lease
 from mcpapi.v2 import tensor_pb2
 from mcpcore import wire
 from mcpcore.errors import Internal, InvalidArgument, MCPError
 
 __all__ = ["Handler", "TensorServer", "load_curve_secret"]
+
+
+def _header_or_none(frame: Any, limits: wire.Limits) -> tensor_pb2.TensorHeader | None:
+    try:
+        return wire.parse_header(frame, limits)
+    except MCPError:
+        return None  # _reply parses it again and answers the error
+
+
+def _spec(header: tensor_pb2.TensorHeader | None, index: int) -> tensor_pb2.TensorSpec | None:
+    if header is None or not 0 <= index < len(header.tensors):
+        return None
+    return header.tensors[index]
+
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +70,14 @@ class TensorServer:
         limits: wire.Limits = wire.DEFAULT_LIMITS,
         curve_secret: bytes | None = None,
         on_error: Callable[[str], None] | None = None,
+        buffers: BatchBuffers | None = None,
     ) -> None:
         self._bind = bind
         self._handler = handler
         self._limits = limits
         self._curve_secret = curve_secret
         self._on_error = on_error or (lambda where: None)
+        self._buffers = buffers
         self._ctx = zmq.asyncio.Context()
         self._sock: zmq.asyncio.Socket | None = None
         self._loop_task: asyncio.Task[None] | None = None
@@ -94,19 +112,56 @@ class TensorServer:
     async def _serve(self) -> None:
         assert self._sock is not None
         while True:
+            leases: list[Lease] = []
             try:
-                frames = await self._sock.recv_multipart(copy=False)
+                frames = await self._receive(leases)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("receive failed; the server goes on")
                 self._on_error("zmq_receive")
                 continue
-            task = asyncio.create_task(self._answer(frames[0], frames[1:]))
+            task = asyncio.create_task(self._answer(frames[0], frames[1:], leases))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _answer(self, identity: zmq.Frame, frames: list[zmq.Frame]) -> None:
+    async def _receive(self, leases: list[Lease]) -> list[Any]:
+        """One multipart message. Large tensor frames are received straight into pool blocks (sized by the
+        header, bounded by the limits first); everything else zero-copy as libzmq holds it."""
+        sock = self._sock
+        assert sock is not None
+        frames: list[Any] = [await sock.recv(copy=False)]
+        more = frames[0].more
+        header = None
+        while more:
+            spec = _spec(header, len(frames) - 2)
+            size = spec.byte_size if spec is not None else 0
+            if (
+                self._buffers is not None
+                and self._buffers.wants(size)
+                and size <= self._limits.max_tensor_bytes
+            ):
+                lease = self._buffers.take(size + 1)  # type: ignore[union-attr]  # +1: a longer frame shows
+                leases.append(lease)
+                got = await sock.recv_into(lease.buffer)
+                frames.append(lease.buffer[: min(got, size + 1)])
+                more = bool(sock.getsockopt(zmq.RCVMORE))
+            else:
+                frame = await sock.recv(copy=False)
+                frames.append(frame)
+                more = frame.more
+            if len(frames) == 2:  # the header: parsed here only to size the tensor frames that follow
+                header = _header_or_none(frames[1], self._limits)
+        return frames
+
+    async def _answer(self, identity: zmq.Frame, frames: list[Any], leases: list[Lease]) -> None:
+        try:
+            await self._reply(identity, frames)
+        finally:
+            for lease in leases:  # the request is answered: its receive buffers go back to the pool
+                lease.release()
+
+    async def _reply(self, identity: zmq.Frame, frames: list[Any]) -> None:
         assert self._sock is not None
         header: tensor_pb2.TensorHeader | None = None
         try:
