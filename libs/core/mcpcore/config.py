@@ -35,7 +35,9 @@ import argparse
 import dataclasses
 import difflib
 import math
+import os
 import re
+import socket
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -45,6 +47,7 @@ from typing import Any, TypeVar
 import yaml
 
 from mcpcore.errors import InvalidArgument
+from mcpcore.keys import check_name
 
 __all__ = ["add_flags", "load_config", "overrides_from_args", "parse_bool", "parse_duration"]
 
@@ -356,3 +359,15 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, env_prefix: str | N
 def overrides_from_args(ns: argparse.Namespace) -> dict[str, Any]:
     """The flags from ``add_flags`` that were given, as ``load_config(overrides=...)`` takes them."""
     return {k.removeprefix(_FLAG_DEST): v for k, v in vars(ns).items() if k.startswith(_FLAG_DEST)}
+
+
+def instance_id(value: str, field_name: str) -> str:
+    """A service instance's id: ``value``, or ``<host>-<pid>`` when empty; checked as a key name.
+
+    For a config's ``__post_init__``: raises ``ValueError`` (which ``load_config`` reports with the field).
+    """
+    chosen = value or f"{socket.gethostname().split('.')[0]}-{os.getpid()}"
+    try:
+        return check_name(chosen, field_name)
+    except InvalidArgument as exc:
+        raise ValueError(exc.message) from None

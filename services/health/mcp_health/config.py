@@ -5,12 +5,9 @@ Env vars are ``MCP_HEALTH_<FIELD>``; ports follow DESIGN.md section 13 (gRPC 500
 
 from __future__ import annotations
 
-import os
-import socket
 from dataclasses import dataclass
 
-from mcpcore.errors import InvalidArgument
-from mcpcore.keys import check_name
+from mcpcore.config import instance_id
 
 __all__ = ["HealthConfig"]
 
@@ -38,12 +35,7 @@ class HealthConfig:
     worker_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
-        if not self.health_id:
-            object.__setattr__(self, "health_id", f"{socket.gethostname().split('.')[0]}-{os.getpid()}")
-        try:
-            check_name(self.health_id, "health_id")
-        except InvalidArgument as exc:
-            raise ValueError(exc.message) from None
+        object.__setattr__(self, "health_id", instance_id(self.health_id, "health_id"))
         if self.check_interval_s <= 0:
             raise ValueError(f"check_interval_s: must be > 0, got {self.check_interval_s}")
         if self.report_timeout_s <= self.check_interval_s:

@@ -6,12 +6,9 @@ metrics 9101).
 
 from __future__ import annotations
 
-import os
-import socket
 from dataclasses import dataclass
 
-from mcpcore.errors import InvalidArgument
-from mcpcore.keys import check_name
+from mcpcore.config import instance_id
 
 __all__ = ["RouterConfig"]
 
@@ -44,12 +41,7 @@ class RouterConfig:
     max_concurrent_rpcs: int = 4096
 
     def __post_init__(self) -> None:
-        if not self.router_id:
-            object.__setattr__(self, "router_id", f"{socket.gethostname().split('.')[0]}-{os.getpid()}")
-        try:
-            check_name(self.router_id, "router_id")
-        except InvalidArgument as exc:
-            raise ValueError(exc.message) from None
+        object.__setattr__(self, "router_id", instance_id(self.router_id, "router_id"))
         if self.load_factor < 1.0:
             raise ValueError(f"load_factor: must be >= 1.0, got {self.load_factor}")
         if not 0 <= self.retry_budget_ratio <= 1:

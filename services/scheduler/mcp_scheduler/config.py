@@ -5,12 +5,9 @@ Env vars are ``MCP_SCHEDULER_<FIELD>``; names and defaults of ports follow DESIG
 
 from __future__ import annotations
 
-import os
-import socket
 from dataclasses import dataclass
 
-from mcpcore.errors import InvalidArgument
-from mcpcore.keys import check_name
+from mcpcore.config import instance_id
 
 __all__ = ["SchedulerConfig"]
 
@@ -41,12 +38,7 @@ class SchedulerConfig:
     max_parallel_actions: int = 16
 
     def __post_init__(self) -> None:
-        if not self.scheduler_id:
-            object.__setattr__(self, "scheduler_id", f"{socket.gethostname().split('.')[0]}-{os.getpid()}")
-        try:
-            check_name(self.scheduler_id, "scheduler_id")
-        except InvalidArgument as exc:
-            raise ValueError(exc.message) from None
+        object.__setattr__(self, "scheduler_id", instance_id(self.scheduler_id, "scheduler_id"))
         if self.leader_ttl_s < 1:
             raise ValueError(f"leader_ttl_s: must be >= 1, got {self.leader_ttl_s}")
         if self.reconcile_interval_s <= 0:

@@ -7,12 +7,9 @@ the field named, never later on the request path.
 
 from __future__ import annotations
 
-import os
-import socket
 from dataclasses import dataclass
 
-from mcpcore.errors import InvalidArgument
-from mcpcore.keys import check_name
+from mcpcore.config import instance_id
 
 __all__ = ["WorkerConfig"]
 
@@ -59,12 +56,7 @@ class WorkerConfig:
     gpu_index: int = 0
 
     def __post_init__(self) -> None:
-        if not self.worker_id:
-            object.__setattr__(self, "worker_id", f"{socket.gethostname().split('.')[0]}-{os.getpid()}")
-        try:
-            check_name(self.worker_id, "worker_id")
-        except InvalidArgument as exc:
-            raise ValueError(exc.message) from None
+        object.__setattr__(self, "worker_id", instance_id(self.worker_id, "worker_id"))
         if self.lease_ttl_s < 1:
             raise ValueError(f"lease_ttl_s: must be >= 1 second, got {self.lease_ttl_s}")
         if not 0 < self.heartbeat_interval_s < self.lease_ttl_s:
