@@ -7,6 +7,7 @@ is not fatal: the heartbeat loop registers as soon as it can, and serving never 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -53,6 +54,8 @@ class WorkerMetrics(RequestMetrics):
         self.queue_depth = self.standard("mcp_queue_depth")
         self.queue_delay = self.standard("mcp_queue_delay_seconds")
         self.model_state = self.standard("mcp_model_state")
+        self.gpu_memory = self.standard("mcp_gpu_memory_used_bytes")
+        self.gpu_utilization = self.standard("mcp_gpu_utilization_ratio")
         self.load_failures = self.standard("mcp_model_load_failures_total")
         self.breaker_level = self.standard("mcp_breaker_level")
 
@@ -220,7 +223,20 @@ class Worker:
             "curve_public_key": self._curve_public.decode(),
         }
 
+    def _gpu_metrics(self) -> None:
+        """Device memory held by cuda replicas, and the GPU's utilization (nvidia-smi), on each heartbeat."""
+        cuda = [r for r in self.manager.replicas() if r.config.backend == "cuda"]
+        if not cuda:
+            return
+        device = str(self.config.gpu_index)
+        self.metrics.gpu_memory.labels(device).set(sum(r.backend.memory_bytes for r in cuda))
+        utilization = numa.nvidia_smi_query(self.config.gpu_index, "utilization.gpu")
+        if utilization is not None:
+            with contextlib.suppress(ValueError):
+                self.metrics.gpu_utilization.labels(device).set(float(utilization) / 100)
+
     def _report(self) -> dict[str, Any]:
+        self._gpu_metrics()
         models = {}
         depth = in_flight = errors = 0
         utils, execs = [], []
