@@ -5,6 +5,7 @@ Readiness is the worker's own "ready" line on stdout; nothing here sleeps to wai
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import os
@@ -25,6 +26,7 @@ import zmq
 
 from mcpapi.v2 import tensor_pb2, worker_pb2, worker_pb2_grpc
 from mcpcore import wire
+from mcpcore.etcd_store import EtcdStore
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -191,6 +193,28 @@ class TensorClient:
     def close(self) -> None:
         self.sock.close(linger=0)
         self.ctx.term()
+
+
+def etcd_get(endpoint: str, key: str) -> dict | None:
+    """One key's JSON value read through a real store (None when absent)."""
+
+    async def read() -> bytes | None:
+        async with EtcdStore([endpoint]) as store:
+            kv = await store.get(key)
+            return None if kv is None else kv.value
+
+    raw = asyncio.run(read())
+    return None if raw is None else json.loads(raw)
+
+
+def etcd_put(endpoint: str, key: str, value: dict | bytes) -> None:
+    """Write a key as an operator would with etcdctl (a dict is written as JSON)."""
+
+    async def write() -> None:
+        async with EtcdStore([endpoint]) as store:
+            await store.put(key, value if isinstance(value, bytes) else json.dumps(value).encode())
+
+    asyncio.run(write())
 
 
 def wait_for(predicate, timeout_s: float = 10.0, interval_s: float = 0.02, what: str = "condition"):  # type: ignore[no-untyped-def]

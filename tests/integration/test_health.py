@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-import json
 import os
 import signal
 import time
@@ -12,36 +10,25 @@ import uuid
 
 import grpc
 import pytest
-from harness import HealthProcess, WorkerProcess, load_and_run, make_demo_repository, wait_for
+from harness import (
+    HealthProcess,
+    WorkerProcess,
+    etcd_get,
+    etcd_put,
+    load_and_run,
+    make_demo_repository,
+    wait_for,
+)
 from webhook_receiver import WebhookReceiver
 
 from mcpapi.v2 import health_pb2, health_pb2_grpc
-from mcpcore.etcd_store import EtcdStore
 from mcpcore.keys import Keyspace
 
 TTL = 2
 
 
-def etcd_get(endpoint: str, key: str) -> dict | None:
-    async def read() -> bytes | None:
-        async with EtcdStore([endpoint]) as store:
-            kv = await store.get(key)
-            return None if kv is None else kv.value
-
-    raw = asyncio.run(read())
-    return None if raw is None else json.loads(raw)
-
-
 def replica_state(endpoint: str, keys: Keyspace, model: str, worker: str) -> str:
     return (etcd_get(endpoint, keys.replica(model, "1", worker)) or {}).get("state", "")
-
-
-def etcd_put(endpoint: str, key: str, value: dict | bytes) -> None:
-    async def write() -> None:
-        async with EtcdStore([endpoint]) as store:
-            await store.put(key, value if isinstance(value, bytes) else json.dumps(value).encode())
-
-    asyncio.run(write())
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from harness import (
     RouterProcess,
     SchedulerProcess,
     WorkerProcess,
+    etcd_put,
     make_demo_repository,
     mlp_reference,
     wait_for,
@@ -32,14 +33,6 @@ from mcpcore.etcd_store import EtcdStore
 from mcpcore.keys import Keyspace
 
 X = np.random.default_rng(11).random((3, 64), dtype=np.float32)
-
-
-def etcd_put(endpoint: str, key: str, value: bytes) -> None:
-    async def write() -> None:
-        async with EtcdStore([endpoint]) as store:
-            await store.put(key, value)
-
-    asyncio.run(write())
 
 
 def tensor(name: str, arr: np.ndarray) -> inference_pb2.Tensor:

@@ -10,7 +10,15 @@ import uuid
 import grpc
 import numpy as np
 import pytest
-from harness import SchedulerProcess, TensorClient, WorkerProcess, make_demo_repository, wait_for
+from harness import (
+    SchedulerProcess,
+    TensorClient,
+    WorkerProcess,
+    etcd_get,
+    etcd_put,
+    make_demo_repository,
+    wait_for,
+)
 
 from mcpapi.v1 import control_pb2 as v1
 from mcpapi.v1 import control_pb2_grpc as v1_grpc
@@ -21,24 +29,6 @@ from mcpcore.store import EventType
 
 X = np.random.default_rng(3).random((2, 64), dtype=np.float32)
 MiB = 1 << 20
-
-
-def etcd_get(endpoint: str, key: str) -> dict | None:
-    async def read() -> bytes | None:
-        async with EtcdStore([endpoint]) as store:
-            kv = await store.get(key)
-            return None if kv is None else kv.value
-
-    raw = asyncio.run(read())
-    return None if raw is None else json.loads(raw)
-
-
-def etcd_put(endpoint: str, key: str, value: bytes) -> None:
-    async def write() -> None:
-        async with EtcdStore([endpoint]) as store:
-            await store.put(key, value)
-
-    asyncio.run(write())
 
 
 def spec(model: str, *versions: str, replicas: int = 1, **kw) -> model_pb2.ModelSpec:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import re
@@ -20,6 +19,7 @@ import zmq.auth
 from harness import (
     TensorClient,
     WorkerProcess,
+    etcd_get,
     load_and_run,
     make_demo_repository,
     mlp_reference,
@@ -34,20 +34,9 @@ from mcpcore.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from mcpcore.etcd_store import EtcdStore
 from mcpcore.keys import Keyspace
 
 X = np.random.default_rng(7).random((5, 64), dtype=np.float32)
-
-
-def etcd_json(endpoint: str, key: str) -> dict | None:
-    async def read() -> bytes | None:
-        async with EtcdStore([endpoint]) as store:
-            kv = await store.get(key)
-            return None if kv is None else kv.value
-
-    raw = asyncio.run(read())
-    return None if raw is None else json.loads(raw)
 
 
 @pytest.fixture(scope="module")
@@ -118,13 +107,13 @@ def client(worker):
 
 
 def replica(endpoint: str, prefix: str, model: str, worker_id: str, version: str = "1") -> dict | None:
-    return etcd_json(endpoint, Keyspace(prefix).replica(model, version, worker_id))
+    return etcd_get(endpoint, Keyspace(prefix).replica(model, version, worker_id))
 
 
 def test_worker_registers_under_its_lease(worker, etcd_endpoint, prefix):
-    record = wait_for(lambda: etcd_json(etcd_endpoint, Keyspace(prefix).worker(worker.worker_id)))
+    record = wait_for(lambda: etcd_get(etcd_endpoint, Keyspace(prefix).worker(worker.worker_id)))
     assert record["zmq"] == worker.endpoints["zmq"] and record["grpc"] == worker.endpoints["grpc"]
-    report = wait_for(lambda: etcd_json(etcd_endpoint, Keyspace(prefix).worker_load(worker.worker_id)))
+    report = wait_for(lambda: etcd_get(etcd_endpoint, Keyspace(prefix).worker_load(worker.worker_id)))
     assert report["memory_capacity_bytes"] == 256 << 20 and "queue_depth" in report
 
 
@@ -341,11 +330,11 @@ def test_reregisters_and_republishes_after_etcd_loses_everything(tmp_path, resta
         restartable_etcd.start()  # waits until healthy
 
         wait_for(
-            lambda: etcd_json(restartable_etcd.endpoint, keys.worker(proc.worker_id)), what="re-registration"
+            lambda: etcd_get(restartable_etcd.endpoint, keys.worker(proc.worker_id)), what="re-registration"
         )
         assert replica(restartable_etcd.endpoint, prefix, "demo-mlp", proc.worker_id)["state"] == "RUNNING"
         assert replica(restartable_etcd.endpoint, prefix, "demo-onnx", proc.worker_id)["state"] == "PAUSED"
-        report = wait_for(lambda: etcd_json(restartable_etcd.endpoint, keys.worker_load(proc.worker_id)))
+        report = wait_for(lambda: etcd_get(restartable_etcd.endpoint, keys.worker_load(proc.worker_id)))
         assert set(report["models"]) == {"demo-mlp/1", "demo-onnx/1"}
         client.infer("demo-mlp", {"INPUT0": X})
     finally:
@@ -364,7 +353,7 @@ def test_curve_keys_admit_only_clients_that_know_the_server_key(tmp_path, etcd_e
     plain.sock.setsockopt(zmq.RCVTIMEO, 300)
     try:
         load_and_run(proc.control(), "demo-mlp")
-        record = wait_for(lambda: etcd_json(etcd_endpoint, Keyspace(prefix).worker(proc.worker_id)))
+        record = wait_for(lambda: etcd_get(etcd_endpoint, Keyspace(prefix).worker(proc.worker_id)))
         assert record["curve_public_key"] == server_public.decode()
         np.testing.assert_allclose(
             trusted.infer("demo-mlp", {"INPUT0": X}).tensors[0],
