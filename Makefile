@@ -13,6 +13,7 @@ help:
 setup: $(STAMP)
 	@command -v etcd >/dev/null || tools/install-system-deps.sh
 	@command -v promtool >/dev/null || tools/install-system-deps.sh promtool
+	@command -v docker-compose >/dev/null || tools/install-system-deps.sh docker-compose
 
 $(STAMP): pyproject.toml
 	@command -v etcd >/dev/null || tools/install-system-deps.sh
@@ -65,7 +66,13 @@ native:
 gpu-check:
 	$(if $(wildcard $(PY)),$(PY),python3) tools/gpu_check.py
 
-chaos compose-config:
+# Validate the compose deployment (this machine has the docker client only, no engine).
+compose-config:
+	@command -v docker-compose >/dev/null || tools/install-system-deps.sh docker-compose
+	docker-compose -f deploy/compose/docker-compose.yml config -q
+	@echo "deploy/compose/docker-compose.yml is valid"
+
+chaos:
 	@echo "make $@: not built yet (see the open issues)" >&2; exit 2
 
 clean:

@@ -2,6 +2,7 @@
 # Installs the system tools the project runs, from Debian's packages, when they are missing:
 #   etcd      (package etcd-server, plus etcdctl from etcd-client) — always
 #   promtool  (package prometheus) — with the argument "promtool": checks the shipped alert rules
+#   docker-compose (package docker-compose) — with the argument "docker-compose": validates deploy/compose
 set -euo pipefail
 sudo=""
 if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
@@ -10,6 +11,11 @@ install() {
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null
 }
+if [ "${1:-etcd}" = docker-compose ]; then
+    command -v docker-compose >/dev/null 2>&1 || install docker-compose
+    command -v docker-compose >/dev/null
+    exit 0
+fi
 if [ "${1:-etcd}" = promtool ]; then
     command -v promtool >/dev/null 2>&1 || install prometheus
     command -v promtool >/dev/null

@@ -31,6 +31,9 @@ class WorkerConfig:
     grpc_port: int = 0
     #: The ZeroMQ tensor endpoint (ROUTER): ``tcp://host:port`` (port 0 picks one) or ``ipc://path``.
     zmq_bind: str = "tcp://127.0.0.1:0"
+    #: The host others reach this worker at, when it binds a wildcard (``0.0.0.0`` in a container):
+    #: published in etcd in place of the bound host for the gRPC and ZeroMQ endpoints.
+    advertise_host: str = ""
     #: Optional CURVE: this worker's secret key file (z85, as written by zmq.auth); empty = plain TCP.
     zmq_curve_secret_key_file: str = ""
     metrics_host: str = "127.0.0.1"

@@ -128,11 +128,12 @@ class Worker:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         port = self.grpc.add_insecure_port(f"{cfg.grpc_host}:{cfg.grpc_port}")
         await self.grpc.start()
+        host = cfg.advertise_host
         self.endpoints = {
             "worker_id": cfg.worker_id,
-            "grpc": f"{cfg.grpc_host}:{port}",
-            "zmq": zmq_endpoint,
-            "metrics": f"{cfg.metrics_host}:{metrics_port}",
+            "grpc": f"{host or cfg.grpc_host}:{port}",
+            "zmq": _advertised(zmq_endpoint, host),
+            "metrics": f"{host or cfg.metrics_host}:{metrics_port}",
         }
         self.manager.set_info({"zmq": zmq_endpoint, "grpc": self.endpoints["grpc"]})
         await self.store.connect()
@@ -274,3 +275,10 @@ class Worker:
             "device_error": "",
             "models": models,
         }
+
+
+def _advertised(endpoint: str, host: str) -> str:
+    """``tcp://0.0.0.0:5561`` as others must dial it (``tcp://worker-1:5561``); ipc:// stays as it is."""
+    if not host or not endpoint.startswith("tcp://"):
+        return endpoint
+    return f"tcp://{host}:{endpoint.rsplit(':', 1)[1]}"
