@@ -1,0 +1,102 @@
+"""Chaos soak (``make chaos``): workers killed and restarted under load for a while; no request may fail.
+
+The suite keeps a short version of this (tests/integration/test_router.py kills one worker mid-stream);
+this one runs ``MCP_CHAOS_SECONDS`` (default 120) of load against three workers, killing one (kill -9 or
+SIGSTOP for a while) every few seconds and bringing a fresh one back, with the scheduler and health
+service recovering replicas as they go.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+import uuid
+from collections import Counter
+
+import grpc
+import numpy as np
+import pytest
+from harness import (
+    HealthProcess,
+    RouterProcess,
+    SchedulerProcess,
+    WorkerProcess,
+    make_demo_repository,
+    wait_for,
+)
+
+from mcpapi.v2 import control_pb2, control_pb2_grpc, inference_pb2, inference_pb2_grpc, model_pb2
+from mcpcore import dtypes
+
+pytestmark = pytest.mark.slow
+SECONDS = float(os.environ.get("MCP_CHAOS_SECONDS", "120"))
+X = np.random.default_rng(5).random((1, 64), dtype=np.float32)
+
+
+def _infer(stub: inference_pb2_grpc.InferenceStub, key: str) -> None:
+    t = inference_pb2.Tensor(name="INPUT0", dtype=dtypes.wire_value("FP32"), shape=[1, 64], data=X.tobytes())
+    stub.Infer(inference_pb2.InferRequest(model="demo-onnx", routing_key=key, inputs=[t]), timeout=30)
+
+
+def test_no_request_fails_while_workers_die_and_come_back(tmp_path, etcd_endpoint):
+    repo = make_demo_repository(tmp_path / "models")
+    prefix = f"/chaos{uuid.uuid4().hex[:6]}/mcp"
+    flags = {"lease_ttl_s": 1, "heartbeat_interval_s": 0.3}
+    workers = [WorkerProcess(tmp_path, etcd_endpoint, repo, prefix=prefix, **flags).start() for _ in range(3)]
+    scheduler = SchedulerProcess(tmp_path, etcd_endpoint, prefix=prefix, reconcile_interval_s=0.5).start()
+    health = HealthProcess(tmp_path, etcd_endpoint, prefix=prefix, check_interval_s=0.2).start()
+    router = RouterProcess(tmp_path, etcd_endpoint, prefix=prefix).start()
+    rng = random.Random(7)
+    try:
+        control = control_pb2_grpc.ModelControlStub(scheduler.channel())
+        spec = model_pb2.ModelSpec(model="demo-onnx", versions=["1"], replicas=2)
+        control.LoadModel(control_pb2.LoadModelRequest(spec=spec), timeout=60)
+        stub = inference_pb2_grpc.InferenceStub(router.channel())
+        wait_for(lambda: _ok(stub), what="the model routable")
+        failures: list[str] = []
+        done: Counter[str] = Counter()
+        stop = threading.Event()
+
+        def client(i: int) -> None:
+            n = 0
+            while not stop.is_set():
+                try:
+                    _infer(stub, f"c{i}-{n}")
+                    done["ok"] += 1
+                except grpc.RpcError as err:
+                    failures.append(f"{err.code().name}: {err.details()}")
+                n += 1
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + SECONDS
+        while time.monotonic() < deadline:
+            time.sleep(rng.uniform(3, 6))  # the chaos schedule itself, not a synchronisation
+            victim = rng.choice([w for w in workers if w.proc and w.proc.poll() is None])
+            if rng.random() < 0.5:
+                victim.kill()
+            else:
+                os.kill(victim.proc.pid, signal.SIGSTOP)
+                time.sleep(rng.uniform(1.5, 3))
+                os.kill(victim.proc.pid, signal.SIGCONT)
+            workers.append(WorkerProcess(tmp_path, etcd_endpoint, repo, prefix=prefix, **flags).start())
+        stop.set()
+        for t in threads:
+            t.join(60)
+        assert failures == [], f"{len(failures)} failed of {done['ok'] + len(failures)}: {failures[:5]}"
+        assert done["ok"] > 100
+    finally:
+        for proc in (router, health, scheduler, *workers):
+            proc.stop()
+
+
+def _ok(stub: inference_pb2_grpc.InferenceStub) -> bool:
+    try:
+        _infer(stub, "probe")
+        return True
+    except grpc.RpcError:
+        return False
