@@ -230,3 +230,40 @@ def test_launch_constants_match_kernels_cu() -> None:
     text = KERNELS_CU.read_text()
     assert re.search(rf"#define MCP_TILE {TILE}\b", text)
     assert re.search(rf"#define MCP_ROW_THREADS {ROW_THREADS}\b", text)
+
+
+class _FakeRegistered(np.ndarray):
+    """What pycuda's register_host_memory returns: an array whose ``base`` can be unregistered."""
+
+    @property
+    def base(self):  # type: ignore[override]
+        return self._holder
+
+
+def test_staging_buffers_come_from_a_page_aligned_pinned_pool_block(built_library):
+    """The one boundary here without a GPU: which host memory gets registered, and that it is let go."""
+    calls: list[str] = []
+
+    class Holder:
+        def unregister(self) -> None:
+            calls.append("unregister")
+
+    class FakeCuda:
+        @staticmethod
+        def register_host_memory(array: np.ndarray) -> np.ndarray:
+            calls.append(f"register {array.__array_interface__['data'][0] % 4096} {array.nbytes % 4096}")
+            view = array.view(_FakeRegistered)
+            view._holder = Holder()
+            return view
+
+    from mcp_worker.backends import cuda_backend  # noqa: PLC0415
+
+    h_in, h_out, release = cuda_backend._pinned_io(FakeCuda, 64 * 64, 64 * 16)
+    assert calls == ["register 0 0"]  # page-aligned start and length, as cuMemHostRegister needs
+    assert h_in.dtype == np.float32 and h_in.size == 64 * 64 and h_out.size == 64 * 16
+    assert h_out.__array_interface__["data"][0] % 4096 == 0
+    h_in[:] = 1.0
+    h_out[:] = 2.0
+    assert h_in.sum() == 64 * 64 and h_out.sum() == 2 * 64 * 16  # the two views do not overlap
+    release()
+    assert calls[-1] == "unregister"

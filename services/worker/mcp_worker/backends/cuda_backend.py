@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from types import ModuleType
@@ -53,6 +53,7 @@ from mcpcore.modelspec import ModelConfig
 __all__ = ["KERNELS", "ROW_THREADS", "TILE", "CudaBackend", "Op", "plan_layers"]
 
 log = logging.getLogger(__name__)
+_PAGE = 4096
 
 #: The kernels' ``extern "C"`` names in kernels.cu, with their pycuda argument formats (struct characters).
 KERNELS = {
@@ -158,6 +159,7 @@ class CudaBackend(Backend):
         self._act: tuple[Any, ...] = ()
         self._h_in: np.ndarray | None = None
         self._h_out: np.ndarray | None = None
+        self._host_release: Callable[[], None] | None = None
         self._registered: list[tuple[int, int, np.ndarray]] = []
         self._launches: tuple[_Launch, ...] = ()
         self._fn: dict[str, Any] = {}
@@ -227,17 +229,17 @@ class CudaBackend(Backend):
         self._free_activations()
         nbytes = rows * self._max_dim * 4
         self._act = (cuda.mem_alloc(nbytes), cuda.mem_alloc(nbytes))
-        self._h_in = cuda.pagelocked_empty(rows * self._in_dim, np.float32)
-        self._h_out = cuda.pagelocked_empty(rows * self._out_dim, np.float32)
+        self._h_in, self._h_out, self._host_release = _pinned_io(
+            cuda, rows * self._in_dim, rows * self._out_dim
+        )
         self._rows, self._activation_bytes = rows, 2 * nbytes
 
     def _free_activations(self) -> None:
         for alloc in self._act:
             alloc.free()
-        for host in (self._h_in, self._h_out):
-            if host is not None:
-                host.base.free()  # the PagelockedHostAllocation behind the array
-        self._act, self._h_in, self._h_out = (), None, None
+        if self._host_release is not None:
+            self._host_release()
+        self._act, self._h_in, self._h_out, self._host_release = (), None, None, None
         self._rows = self._activation_bytes = 0
 
     def _free_all(self) -> None:
@@ -373,3 +375,38 @@ class CudaBackend(Backend):
             self._fn["mcp_layernorm_rows_f32"].prepared_async_call(
                 grid, (ROW_THREADS, 1, 1), self.stream, x, x, op.weight, op.bias, rows, op.dim_in, op.eps
             )
+
+
+def _pinned_io(cuda: ModuleType, n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, Callable[[], None]]:
+    """Page-locked FP32 staging buffers for a model's input and output.
+
+    From a native pool block (page-aligned arena, registered with ``register_host_memory``) when
+    ``mcp_native`` is built, so the H2D copies read pinned pool memory; else pycuda's ``pagelocked_empty``.
+    Returns the two arrays and the function that unpins and frees them.
+    """
+    in_bytes = -(-n_in * 4 // _PAGE) * _PAGE  # the output view starts on a page boundary
+    try:
+        from mcp_native import pool as native  # noqa: PLC0415  (optional: built by make native)
+
+        ok, _ = native.available()
+    except ImportError:
+        ok = False
+    if ok:
+        arena_pool = native.Pool(in_bytes + n_out * 4, 1, alignment=_PAGE)
+        pinned = cuda.register_host_memory(arena_pool.arena())
+        h_in = pinned[: n_in * 4].view(np.float32)
+        h_out = pinned[in_bytes : in_bytes + n_out * 4].view(np.float32)
+
+        def release() -> None:
+            pinned.base.unregister()  # the RegisteredHostMemory behind the array
+            arena_pool.close()
+
+        return h_in, h_out, release
+    h_in = cuda.pagelocked_empty(n_in, np.float32)
+    h_out = cuda.pagelocked_empty(n_out, np.float32)
+
+    def free() -> None:
+        h_in.base.free()  # the PagelockedHostAllocation behind each array
+        h_out.base.free()
+
+    return h_in, h_out, free
