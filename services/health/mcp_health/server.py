@@ -13,10 +13,6 @@ import logging
 import random
 from typing import Any
 
-import grpc.aio
-from grpc_health.v1 import health_pb2 as grpc_health_pb2
-from grpc_health.v1 import health_pb2_grpc as grpc_health_grpc
-from grpc_health.v1._async import HealthServicer
 from prometheus_client import CollectorRegistry
 
 from mcp_health.alerts import Alerter
@@ -26,12 +22,12 @@ from mcp_health.detector import Detector
 from mcp_health.servicer_v2 import HealthV2
 from mcpapi.v2 import health_pb2_grpc
 from mcpcore.election import LeaderElection
-from mcpcore.errors import aio_server_interceptor
 from mcpcore.etcd_store import EtcdStore
 from mcpcore.keys import Keyspace
 from mcpcore.lifecycle import ReplicaLifecycle
 from mcpcore.metrics import CommonMetrics, start_metrics_server
 from mcpcore.mirror import PrefixMirror
+from mcpcore.serving import GrpcService
 
 __all__ = ["HealthServer"]
 
@@ -79,8 +75,7 @@ class HealthServer:
             on_level=lambda m, level: self.metrics.breaker_level.labels(m).set(level),
             on_rejected=self.metrics.count_config_rejected, on_error=self.metrics.count_loop_error,
         )  # fmt: skip
-        self.health = HealthServicer()
-        self.grpc = grpc.aio.server(interceptors=[aio_server_interceptor()])
+        self.grpc = GrpcService(["mcpapi.v2.Health"])
         self._task: asyncio.Task[None] | None = None
         self._metrics_server: Any = None
         self.endpoints: dict[str, str] = {}
@@ -94,17 +89,14 @@ class HealthServer:
             cfg.metrics_port, cfg.metrics_host, registry=self.metrics.registry
         )
         health_pb2_grpc.add_HealthServicer_to_server(
-            HealthV2(self.mirror, self.keys, self.detector), self.grpc
+            HealthV2(self.mirror, self.keys, self.detector), self.grpc.server
         )
-        grpc_health_grpc.add_HealthServicer_to_server(self.health, self.grpc)
-        port = self.grpc.add_insecure_port(f"{cfg.grpc_host}:{cfg.grpc_port}")
-        await self.grpc.start()
+        port = await self.grpc.start(cfg.grpc_host, cfg.grpc_port)
         await self.store.connect()
         await self.mirror.start()
         await self.election.start()
         self._task = asyncio.create_task(self._loop(), name="health-checks")
-        for name in ("", "mcpapi.v2.Health"):
-            await self.health.set(name, grpc_health_pb2.HealthCheckResponse.SERVING)
+        await self.grpc.set_serving()
         self.endpoints = {
             "health_id": cfg.health_id,
             "grpc": f"{cfg.grpc_host}:{port}",
@@ -125,7 +117,7 @@ class HealthServer:
                 log.exception("health check failed; the next one runs on schedule")
 
     async def stop(self) -> None:
-        await self.health.enter_graceful_shutdown()
+        await self.grpc.stop()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -133,7 +125,6 @@ class HealthServer:
         await self.election.stop()
         await self.detector.close()
         await self.alerter.close()
-        await self.grpc.stop(grace=1.0)
         await self.mirror.stop()
         await self.store.close()
         if self._metrics_server is not None:

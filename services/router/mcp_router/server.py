@@ -11,8 +11,6 @@ from typing import Any
 
 import grpc
 import grpc.aio
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
 from prometheus_client import CollectorRegistry
 
 from mcp_router.config import RouterConfig
@@ -26,15 +24,17 @@ from mcpapi.kserve import grpc_service_pb2_grpc as kserve_grpc
 from mcpapi.v1 import inference_pb2_grpc as v1_grpc
 from mcpapi.v2 import control_pb2, control_pb2_grpc, model_pb2
 from mcpapi.v2 import inference_pb2_grpc as v2_grpc
-from mcpcore.errors import aio_server_interceptor, from_rpc_error
+from mcpcore.errors import from_rpc_error
 from mcpcore.etcd_store import EtcdStore
 from mcpcore.keys import Keyspace
 from mcpcore.metrics import start_metrics_server
+from mcpcore.serving import GrpcService
 
 __all__ = ["RouterServer"]
 
 log = logging.getLogger(__name__)
 VERSION = "0.1.0"
+MESSAGE_LIMIT = 64 << 20
 SERVICES = ("mcpapi.v1.Inference", "mcpapi.v2.Inference", "inference.GRPCInferenceService")
 
 
@@ -78,9 +78,8 @@ class RouterServer:
             scheduler_load=self._load if self._scheduler else None,
             scheduler_unload=self._unload if self._scheduler else None,
         )
-        self.health = HealthServicer()
-        self.grpc = grpc.aio.server(
-            interceptors=[aio_server_interceptor()],
+        self.grpc = GrpcService(
+            SERVICES,
             maximum_concurrent_rpcs=config.max_concurrent_rpcs,
             options=[
                 ("grpc.max_receive_message_length", 64 << 20),
@@ -95,19 +94,16 @@ class RouterServer:
         self._metrics_server, metrics_port = start_metrics_server(
             cfg.metrics_port, cfg.metrics_host, registry=self.metrics.registry
         )
-        v1_grpc.add_InferenceServicer_to_server(InferenceV1(self.router), self.grpc)
-        v2_grpc.add_InferenceServicer_to_server(InferenceV2(self.router), self.grpc)
+        v1_grpc.add_InferenceServicer_to_server(InferenceV1(self.router), self.grpc.server)
+        v2_grpc.add_InferenceServicer_to_server(InferenceV2(self.router), self.grpc.server)
         kserve_grpc.add_GRPCInferenceServiceServicer_to_server(
-            KServeServicer(self.router, version=VERSION), self.grpc
+            KServeServicer(self.router, version=VERSION), self.grpc.server
         )
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
-        port = self.grpc.add_insecure_port(f"{cfg.grpc_host}:{cfg.grpc_port}")
-        await self.grpc.start()
+        port = await self.grpc.start(cfg.grpc_host, cfg.grpc_port)
         await self.store.connect()
         await self.snapshots.start()
         self.publisher.start()
-        for name in ("", *SERVICES):
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self.grpc.set_serving()
         self.endpoints = {
             "router_id": cfg.router_id,
             "grpc": f"{cfg.grpc_host}:{port}",
@@ -116,8 +112,7 @@ class RouterServer:
         return self.endpoints
 
     async def stop(self) -> None:
-        await self.health.enter_graceful_shutdown()
-        await self.grpc.stop(grace=1.0)
+        await self.grpc.stop()
         await self.publisher.stop()
         await self.snapshots.stop()
         await self.forwarder.close()

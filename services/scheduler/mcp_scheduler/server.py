@@ -10,10 +10,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import grpc
-import grpc.aio
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
 from prometheus_client import CollectorRegistry
 
 from mcp_scheduler.config import SchedulerConfig
@@ -26,10 +22,10 @@ from mcp_scheduler.worker_client import WorkerClients
 from mcpapi.v1 import control_pb2_grpc as v1_grpc
 from mcpapi.v2 import control_pb2_grpc as v2_grpc
 from mcpcore.election import LeaderElection
-from mcpcore.errors import aio_server_interceptor
 from mcpcore.etcd_store import EtcdStore
 from mcpcore.keys import Keyspace
 from mcpcore.metrics import CommonMetrics, start_metrics_server
+from mcpcore.serving import GrpcService
 
 __all__ = ["Scheduler"]
 
@@ -78,8 +74,7 @@ class Scheduler:
             on_error=self.metrics.count_loop_error,
         )
         self.service = ControlService(self.state, self.store, self.keys)
-        self.health = HealthServicer()
-        self.grpc = grpc.aio.server(interceptors=[aio_server_interceptor()])
+        self.grpc = GrpcService(SERVICES)
         self._metrics_server: Any = None
         self.endpoints: dict[str, str] = {}
 
@@ -90,17 +85,14 @@ class Scheduler:
         )
         await self.store.connect()
         await self.state.start()
-        v1_grpc.add_ModelControlServicer_to_server(ModelControlV1(self.service), self.grpc)
+        v1_grpc.add_ModelControlServicer_to_server(ModelControlV1(self.service), self.grpc.server)
         v2_grpc.add_ModelControlServicer_to_server(
-            ModelControlV2(self.service, self.state, self.keys), self.grpc
+            ModelControlV2(self.service, self.state, self.keys), self.grpc.server
         )
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
-        port = self.grpc.add_insecure_port(f"{cfg.grpc_host}:{cfg.grpc_port}")
-        await self.grpc.start()
+        port = await self.grpc.start(cfg.grpc_host, cfg.grpc_port)
         self.reconciler.start()
         await self.election.start()
-        for name in ("", *SERVICES):
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self.grpc.set_serving()
         self.endpoints = {
             "scheduler_id": cfg.scheduler_id,
             "grpc": f"{cfg.grpc_host}:{port}",
@@ -109,10 +101,9 @@ class Scheduler:
         return self.endpoints
 
     async def stop(self) -> None:
-        await self.health.enter_graceful_shutdown()
+        await self.grpc.stop()
         await self.election.stop()
         await self.reconciler.stop()
-        await self.grpc.stop(grace=1.0)
         await self.state.stop()
         await self.clients.close()
         await self.store.close()

@@ -14,10 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import grpc
-import grpc.aio
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
 from prometheus_client import CollectorRegistry
 
 from mcp_worker import numa
@@ -34,11 +30,12 @@ from mcp_worker.zmq_server import TensorServer, load_curve_secret
 from mcpapi.v2 import worker_pb2_grpc
 from mcpcore import wire
 from mcpcore.crypto import Keyring
-from mcpcore.errors import MCPError, NotFound, aio_server_interceptor, error_class
+from mcpcore.errors import MCPError, NotFound, error_class
 from mcpcore.etcd_store import EtcdStore
 from mcpcore.keys import Keyspace, ReplicaId
 from mcpcore.lifecycle import ReplicaLifecycle, ReplicaState
 from mcpcore.metrics import RequestMetrics, start_metrics_server
+from mcpcore.serving import GrpcService
 
 __all__ = ["Worker", "WorkerMetrics"]
 
@@ -95,11 +92,7 @@ class Worker:
             on_error=self.metrics.count_loop_error,
             buffers=self.buffers,
         )
-        self.health = HealthServicer()
-        self.grpc = grpc.aio.server(
-            interceptors=[aio_server_interceptor()],
-            options=[("grpc.max_receive_message_length", 16 << 20)],
-        )
+        self.grpc = GrpcService([SERVICE_NAME], options=[("grpc.max_receive_message_length", 16 << 20)])
         self.breakers = BreakerWatch(
             self.store,
             self.keys,
@@ -124,10 +117,10 @@ class Worker:
             cfg.metrics_port, cfg.metrics_host, registry=self.metrics.registry
         )
         zmq_endpoint = await self.tensors.start()
-        worker_pb2_grpc.add_WorkerControlServicer_to_server(WorkerControlServicer(self.manager), self.grpc)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
-        port = self.grpc.add_insecure_port(f"{cfg.grpc_host}:{cfg.grpc_port}")
-        await self.grpc.start()
+        worker_pb2_grpc.add_WorkerControlServicer_to_server(
+            WorkerControlServicer(self.manager), self.grpc.server
+        )
+        port = await self.grpc.start(cfg.grpc_host, cfg.grpc_port)
         host = cfg.advertise_host
         self.endpoints = {
             "worker_id": cfg.worker_id,
@@ -154,16 +147,14 @@ class Worker:
             log.warning("etcd is not reachable yet (%s); serving, and registering when it is", exc)
         self.registration.start()
         self.breakers.start()  # list-then-watch in the background: serving never waits for etcd
-        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        await self.grpc.set_serving()
         return self.endpoints
 
     async def stop(self) -> None:
-        await self.health.enter_graceful_shutdown()
+        await self.grpc.stop()
         if self.registration is not None:
             await self.registration.stop()
         await self.breakers.stop()
-        await self.grpc.stop(grace=1.0)
         await self.tensors.stop()
         await self.manager.close()
         await self.dispatcher.close()

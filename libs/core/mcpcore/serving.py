@@ -1,0 +1,51 @@
+"""The gRPC server every mcpmesh service runs: grpc.aio, the MCPError interceptor, and grpc.health.v1.
+
+Invariants: every service's port answers ``grpc.health.v1`` for ``""`` and for each of its services;
+they report SERVING only once the service says it is ready (``set_serving``), and NOT_SERVING as soon as
+it begins to stop, before the server stops taking calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+
+from mcpcore.errors import aio_server_interceptor
+
+__all__ = ["GrpcService"]
+
+
+class GrpcService:
+    def __init__(
+        self,
+        services: Sequence[str],
+        *,
+        options: Sequence[tuple[str, Any]] = (),
+        maximum_concurrent_rpcs: int | None = None,
+    ) -> None:
+        self.services = tuple(services)
+        self.server = grpc.aio.server(
+            interceptors=[aio_server_interceptor()],
+            options=list(options),
+            maximum_concurrent_rpcs=maximum_concurrent_rpcs,
+        )
+        self.health = HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+
+    async def start(self, host: str, port: int) -> int:
+        """Bind (port 0 picks one) and start; returns the bound port. Not SERVING yet."""
+        bound = self.server.add_insecure_port(f"{host}:{port}")
+        await self.server.start()
+        return bound
+
+    async def set_serving(self) -> None:
+        for name in ("", *self.services):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace=grace_s)
