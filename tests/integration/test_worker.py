@@ -332,8 +332,15 @@ def test_reregisters_and_republishes_after_etcd_loses_everything(tmp_path, resta
         wait_for(
             lambda: etcd_get(restartable_etcd.endpoint, keys.worker(proc.worker_id)), what="re-registration"
         )
-        assert replica(restartable_etcd.endpoint, prefix, "demo-mlp", proc.worker_id)["state"] == "RUNNING"
-        assert replica(restartable_etcd.endpoint, prefix, "demo-onnx", proc.worker_id)["state"] == "PAUSED"
+        # the worker record comes first, then each held replica's real state (in that order on purpose:
+        # a replica record naming an unregistered worker would look dead to the scheduler)
+        for model, state in (("demo-mlp", "RUNNING"), ("demo-onnx", "PAUSED")):
+            wait_for(
+                lambda m=model, st=state: (
+                    (replica(restartable_etcd.endpoint, prefix, m, proc.worker_id) or {}).get("state") == st
+                ),
+                what=f"{model} re-published as {state}",
+            )
         report = wait_for(lambda: etcd_get(restartable_etcd.endpoint, keys.worker_load(proc.worker_id)))
         assert set(report["models"]) == {"demo-mlp/1", "demo-onnx/1"}
         client.infer("demo-mlp", {"INPUT0": X})

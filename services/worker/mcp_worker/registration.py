@@ -68,7 +68,8 @@ class Registration:
         self.registered = asyncio.Event()
 
     async def register(self) -> None:
-        """Grant a lease, write the record and a first report, re-publish replica states."""
+        """Grant a lease, write the record and a first report, re-publish replica states — in this order: a
+        replica record naming a worker that is not registered would look dead to the scheduler."""
         lease = await self._store.grant_lease(self._ttl)
         try:
             await self._store.put(self._keys.worker(self._id), _json(self._record()), lease=lease.id)
