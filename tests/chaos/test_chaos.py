@@ -11,15 +11,14 @@ from __future__ import annotations
 import os
 import random
 import signal
-import threading
 import time
 import uuid
-from collections import Counter
 
 import grpc
 import numpy as np
 import pytest
 from harness import (
+    ClientLoad,
     HealthProcess,
     RouterProcess,
     SchedulerProcess,
@@ -56,42 +55,34 @@ def test_no_request_fails_while_workers_die_and_come_back(tmp_path, etcd_endpoin
         control.LoadModel(control_pb2.LoadModelRequest(spec=spec), timeout=60)
         stub = inference_pb2_grpc.InferenceStub(router.channel())
         wait_for(lambda: _ok(stub), what="the model routable")
-        failures: list[str] = []
-        done: Counter[str] = Counter()
-        stop = threading.Event()
-
-        def client(i: int) -> None:
-            n = 0
-            while not stop.is_set():
-                try:
-                    _infer(stub, f"c{i}-{n}")
-                    done["ok"] += 1
-                except grpc.RpcError as err:
-                    failures.append(f"{err.code().name}: {err.details()}")
-                n += 1
-
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + SECONDS
-        while time.monotonic() < deadline:
-            time.sleep(rng.uniform(3, 6))  # the chaos schedule itself, not a synchronisation
-            victim = rng.choice([w for w in workers if w.proc and w.proc.poll() is None])
-            if rng.random() < 0.5:
-                victim.kill()
-            else:
-                os.kill(victim.proc.pid, signal.SIGSTOP)
-                time.sleep(rng.uniform(1.5, 3))
-                os.kill(victim.proc.pid, signal.SIGCONT)
-            workers.append(WorkerProcess(tmp_path, etcd_endpoint, repo, prefix=prefix, **flags).start())
-        stop.set()
-        for t in threads:
-            t.join(60)
-        assert failures == [], f"{len(failures)} failed of {done['ok'] + len(failures)}: {failures[:5]}"
-        assert done["ok"] > 100
+        with ClientLoad(lambda key: _infer(stub, key)) as load:
+            _chaos(
+                rng,
+                workers,
+                lambda: WorkerProcess(tmp_path, etcd_endpoint, repo, prefix=prefix, **flags).start(),
+            )
+        assert load.failures == [], (
+            f"{len(load.failures)} failed of {load.ok + len(load.failures)}: {load.failures[:5]}"
+        )
+        assert load.ok > 100
     finally:
         for proc in (router, health, scheduler, *workers):
             proc.stop()
+
+
+def _chaos(rng: random.Random, workers: list[WorkerProcess], new_worker) -> None:  # type: ignore[no-untyped-def]
+    """For SECONDS: every few seconds one live worker is killed or frozen a while, and a fresh one joins."""
+    deadline = time.monotonic() + SECONDS
+    while time.monotonic() < deadline:
+        time.sleep(rng.uniform(3, 6))  # the chaos schedule itself, not a synchronisation
+        victim = rng.choice([w for w in workers if w.proc and w.proc.poll() is None])
+        if rng.random() < 0.5:
+            victim.kill()
+        else:
+            os.kill(victim.proc.pid, signal.SIGSTOP)
+            time.sleep(rng.uniform(1.5, 3))
+            os.kill(victim.proc.pid, signal.SIGCONT)
+        workers.append(new_worker())
 
 
 def _ok(stub: inference_pb2_grpc.InferenceStub) -> bool:

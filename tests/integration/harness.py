@@ -13,6 +13,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -215,6 +216,41 @@ def etcd_put(endpoint: str, key: str, value: dict | bytes) -> None:
             await store.put(key, value if isinstance(value, bytes) else json.dumps(value).encode())
 
     asyncio.run(write())
+
+
+class ClientLoad:
+    """Closed-loop clients on threads: each calls ``send(key)`` until stopped; counts successes and
+    records every gRPC failure (``with ClientLoad(send, 8) as load: ...``)."""
+
+    def __init__(self, send: Any, clients: int = 8) -> None:
+        self._send = send
+        self.ok = 0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, args=(i,)) for i in range(clients)]
+
+    def _run(self, i: int) -> None:
+        n = 0
+        while not self._stop.is_set():
+            try:
+                self._send(f"c{i}-{n}")
+                with self._lock:
+                    self.ok += 1
+            except grpc.RpcError as err:
+                with self._lock:
+                    self.failures.append(f"{err.code().name}: {err.details()}")
+            n += 1
+
+    def __enter__(self) -> ClientLoad:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(60)
 
 
 def wait_for(predicate, timeout_s: float = 10.0, interval_s: float = 0.02, what: str = "condition"):  # type: ignore[no-untyped-def]

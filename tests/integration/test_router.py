@@ -7,7 +7,6 @@ import json
 import re
 import subprocess
 import sys
-import threading
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -16,6 +15,7 @@ import grpc
 import numpy as np
 import pytest
 from harness import (
+    ClientLoad,
     RouterProcess,
     SchedulerProcess,
     WorkerProcess,
@@ -223,31 +223,12 @@ def test_a_worker_killed_mid_stream_loses_no_request(tmp_path, etcd_endpoint, re
         )
         stub = inference_pb2_grpc.InferenceStub(router.channel())
         wait_for(lambda: _serving(stub, "demo-onnx"), what="the route")
-        failures: list[str] = []
-        done = Counter()
-        stop = threading.Event()
-
-        def client(i: int) -> None:
-            n = 0
-            while not stop.is_set():
-                try:
-                    infer(stub, "demo-onnx", x=X[:1], routing_key=f"k{i}-{n}")
-                    done["ok"] += 1
-                except grpc.RpcError as err:
-                    failures.append(f"{err.code().name}: {err.details()}")
-                n += 1
-
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        wait_for(lambda: done["ok"] > 200, what="traffic flowing")
-        workers[0].kill()
-        before = done["ok"]
-        wait_for(lambda: done["ok"] > before + 300, timeout_s=30, what="traffic after the kill")
-        stop.set()
-        for t in threads:
-            t.join(30)
-        assert failures == []
+        with ClientLoad(lambda key: infer(stub, "demo-onnx", x=X[:1], routing_key=key)) as load:
+            wait_for(lambda: load.ok > 200, what="traffic flowing")
+            workers[0].kill()
+            before = load.ok
+            wait_for(lambda: load.ok > before + 300, timeout_s=30, what="traffic after the kill")
+        assert load.failures == []
     finally:
         router.stop()
         scheduler.stop()
