@@ -50,44 +50,42 @@ UNLOADABLE = frozenset({S.READY, S.RUNNING, S.PAUSED})
 
 
 @dataclass(frozen=True)
-class LoadReplica:
+class ReplicaAction:
+    """An action on one replica; the executor runs at most one at a time per ``key``."""
+
     model: str
     version: str
     worker: str
+
+    @property
+    def key(self) -> ReplicaKey:
+        return (self.model, self.version, self.worker)
+
+
+@dataclass(frozen=True)
+class LoadReplica(ReplicaAction):
     reason: str = ""
 
 
 @dataclass(frozen=True)
-class StartReplica:
+class StartReplica(ReplicaAction):
     """READY or PAUSED -> RUNNING (the worker's Resume)."""
 
-    model: str
-    version: str
-    worker: str
+
+@dataclass(frozen=True)
+class PauseReplica(ReplicaAction):
+    pass
 
 
 @dataclass(frozen=True)
-class PauseReplica:
-    model: str
-    version: str
-    worker: str
-
-
-@dataclass(frozen=True)
-class UnloadReplica:
-    model: str
-    version: str
-    worker: str
+class UnloadReplica(ReplicaAction):
     reason: str = ""
 
 
 @dataclass(frozen=True)
-class ForgetReplica:
+class ForgetReplica(ReplicaAction):
     """Mark the record ERROR if possible, then delete it at ``revision``."""
 
-    model: str
-    version: str
-    worker: str
     revision: int
     reason: str = ""
 
@@ -109,7 +107,6 @@ class RollbackCanary:
     reason: str = ""
 
 
-ReplicaAction = LoadReplica | StartReplica | PauseReplica | UnloadReplica | ForgetReplica
 Action = ReplicaAction | PublishRouting | RollbackCanary
 
 
@@ -185,7 +182,7 @@ class _Planner:
 
     # -- helpers ---------------------------------------------------------------------------------------
     def _add(self, action: ReplicaAction) -> bool:
-        key = (action.model, action.version, action.worker)
+        key = action.key
         if key in self.actions:
             return False
         self.actions[key] = action

@@ -157,7 +157,7 @@ class Reconciler:
                 self._failed(action, exc)
             else:
                 if not isinstance(action, PublishRouting | RollbackCanary):
-                    self._backoff.pop((action.model, action.version, action.worker), None)
+                    self._backoff.pop(action.key, None)
                 if isinstance(action, LoadReplica):
                     self._errors.pop(action.model, None)
 
@@ -209,7 +209,7 @@ class Reconciler:
         log.warning("rolled back the canary of %s: %s", action.model, action.reason)
 
     async def _forget(self, action: ForgetReplica) -> None:
-        rid = ReplicaId(action.model, action.version, action.worker)
+        rid = ReplicaId(*action.key)
         revision = action.revision
         record = await self._lifecycle.get(rid)
         if record is None or record.revision != revision:
@@ -232,7 +232,7 @@ class Reconciler:
         log.warning("%s failed: %s", action, message)
         if isinstance(action, PublishRouting | RollbackCanary):
             return
-        key = (action.model, action.version, action.worker)
+        key = action.key
         _, delay = self._backoff.get(key, (0.0, self._config.retry_backoff_s / 2))
         delay = min(delay * 2, self._config.retry_backoff_max_s)
         self._backoff[key] = (self._clock() + delay, delay)
@@ -291,4 +291,4 @@ def _key(action: Action) -> tuple[str, ...]:
         return ("routing", action.model)
     if isinstance(action, RollbackCanary):
         return ("traffic", action.model)
-    return (action.model, action.version, action.worker)
+    return action.key
