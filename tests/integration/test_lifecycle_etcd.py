@@ -10,6 +10,7 @@ import pytest
 from mcpcore.errors import DataLoss, FailedPrecondition, Internal, NotFound, ResourceExhausted
 from mcpcore.keys import Keyspace, ReplicaId
 from mcpcore.lifecycle import ReplicaLifecycle, ReplicaRecord, ReplicaState, is_legal
+from mcpcore.store import Compare
 
 S = ReplicaState
 RID = ReplicaId("demo-mlp", "1", "w1")
@@ -169,17 +170,32 @@ async def test_remove_is_guarded_by_revision(lifecycle):
     assert await lifecycle.get(RID) is None
 
 
-async def test_publish_records_the_holders_truth_over_any_state(store, keys, lifecycle):
+async def test_resync_records_the_holders_truth_over_any_state(store, keys, lifecycle):
     await lifecycle.create(RID)
     for dst in (S.LOADING, S.READY, S.RUNNING, S.ERROR):
         await lifecycle.transition(RID, dst, reason="worker lost")
-    rec = await lifecycle.publish(RID, S.RUNNING, reason="worker back", info={"endpoint": "e"})
+    write = await lifecycle.resync_op(RID, S.RUNNING, reason="worker back", info={"endpoint": "e"})
+    assert (await store.txn([write.compare], [write.put])).succeeded
+    rec = await lifecycle.get(RID)
     assert rec.state is S.RUNNING and rec.info == {"endpoint": "e"}
     assert rec.history[-1].reason == "re-sync: worker back"
-    again = await lifecycle.publish(RID, S.RUNNING, reason="worker back", info={"endpoint": "e"})
-    assert again.revision == rec.revision  # nothing to write
+    # always a write: a decision planned from the record before it (a forget) loses its compare
+    again = await lifecycle.resync_op(RID, S.RUNNING, reason="worker back", info={"endpoint": "e"})
+    assert (await store.txn([again.compare], [again.put])).succeeded
+    assert (await lifecycle.get(RID)).revision > rec.revision
 
 
-async def test_publish_creates_a_missing_record(lifecycle):
-    rec = await lifecycle.publish(RID, S.PAUSED, reason="re-registered")
-    assert (await lifecycle.get(RID)).state is S.PAUSED and rec.history == ()
+async def test_resync_creates_a_missing_record_and_loses_a_race(store, lifecycle):
+    write = await lifecycle.resync_op(RID, S.PAUSED, reason="re-registered")
+    stale = await lifecycle.resync_op(RID, S.PAUSED, reason="re-registered")
+    assert (await store.txn([write.compare], [write.put])).succeeded
+    assert (await lifecycle.get(RID)).state is S.PAUSED and write.record.history == ()
+    assert not (await store.txn([stale.compare], [stale.put])).succeeded  # someone wrote meanwhile
+
+
+async def test_a_guard_keeps_a_transition_from_happening(store, keys, lifecycle):
+    await lifecycle.create(RID)
+    await store.put(keys.worker(RID.worker), b"{}")  # the worker is registered again
+    with pytest.raises(FailedPrecondition):
+        await lifecycle.transition(RID, S.ERROR, reason="dead?", guard=[Compare(keys.worker(RID.worker), 0)])
+    assert (await lifecycle.get(RID)).state is S.IDLE

@@ -11,6 +11,7 @@ from mcpcore.breaker import (
     format_duration,
     parse_policy,
     policy_to_json,
+    secondary_outputs_off,
 )
 from mcpcore.config import parse_duration
 from mcpcore.errors import InvalidArgument
@@ -173,3 +174,11 @@ def test_format_duration(seconds, text):
 @given(st.floats(min_value=1e-9, max_value=1e9, allow_nan=False))
 def test_format_duration_reads_back_exactly(seconds):
     assert parse_duration(format_duration(seconds)) == seconds
+
+
+def test_level_2_drops_the_secondary_outputs_the_policy_names_or_all_of_them() -> None:
+    assert DEFAULT_POLICY.features_off == ("recommend", "ranking")
+    assert secondary_outputs_off(("RANK0", "REC0"), ("REC0",)) == {"REC0"}  # the policy selects
+    # the article's default names none of the demo's outputs: level 2 must still drop its secondary ones
+    assert secondary_outputs_off(("RANK0",), DEFAULT_POLICY.features_off) == {"RANK0"}
+    assert secondary_outputs_off((), ("ranking",)) == frozenset()

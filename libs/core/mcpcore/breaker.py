@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -41,6 +41,7 @@ __all__ = [
     "parse_breaker",
     "parse_policy",
     "policy_to_json",
+    "secondary_outputs_off",
 ]
 
 MAX_LEVEL = 3
@@ -196,6 +197,21 @@ class BreakerPolicy:
     def target(self, rate: float) -> int:
         """The highest level whose threshold ``rate`` reaches; 0 when it reaches none."""
         return sum(1 for rule in self.levels if rule.threshold <= rate)
+
+    @property
+    def features_off(self) -> tuple[str, ...]:
+        """What level 2 disables (its ``features`` param; () when the policy names none)."""
+        if len(self.levels) < 2:
+            return ()
+        return tuple(self.levels[1].params.get("features", ()))
+
+
+def secondary_outputs_off(secondary: Sequence[str], features: Sequence[str]) -> frozenset[str]:
+    """The outputs a model skips at level 2: its ``qos.secondary_features`` that the policy's level-2
+    ``features`` name, or all of them when the policy names none of them (a policy written for other
+    models, like the article's ``["recommend", "ranking"]``, must not leave level 2 doing nothing)."""
+    named = frozenset(secondary) & frozenset(features)
+    return named or frozenset(secondary)
 
 
 DEFAULT_POLICY = BreakerPolicy(

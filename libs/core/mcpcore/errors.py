@@ -13,13 +13,14 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import grpc
 import grpc.aio
 
 __all__ = [
     "CODE_TO_ERROR",
+    "NOT_STARTED_METADATA",
     "SERVER_SIDE_CLASSES",
     "AlreadyExists",
     "DataLoss",
@@ -36,6 +37,7 @@ __all__ = [
     "error_class",
     "error_for_code",
     "from_rpc_error",
+    "not_started",
     "server_interceptor",
 ]
 
@@ -48,6 +50,10 @@ class MCPError(Exception):
     code: ClassVar[grpc.StatusCode] = grpc.StatusCode.UNKNOWN
     #: Whether an idempotent call may be retried (STYLE.md: only UNAVAILABLE and DEADLINE_EXCEEDED).
     retryable: ClassVar[bool] = False
+    #: Set (``not_started(err)``) on an error raised before the request began to execute: refused at
+    #: admission, or answered while still queued. Such a request may go to another worker whatever the
+    #: model (DESIGN.md section 7, delivery); anything else may have run.
+    not_started: bool = False
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -141,6 +147,15 @@ def error_class(err: BaseException) -> str:
     return _CLASS_OF_CODE.get(code, "backend")
 
 
+E = TypeVar("E", bound=MCPError)
+
+
+def not_started(err: E) -> E:
+    """Mark ``err`` as raised before its request began to execute (see ``MCPError.not_started``)."""
+    err.not_started = True
+    return err
+
+
 def error_for_code(code: grpc.StatusCode | int | str, message: str) -> MCPError:
     """The exception for a status code: a ``grpc.StatusCode``, its integer (ZeroMQ headers) or its name
     (JSON documents in etcd)."""
@@ -174,6 +189,10 @@ _FACTORIES: dict[str, Callable[..., grpc.RpcMethodHandler]] = {
 }
 
 
+#: Trailing metadata on a failed call whose request provably did not start: safe to send again.
+NOT_STARTED_METADATA = ("mcp-not-started", "true")
+
+
 def _status_for(exc: BaseException, method: str) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, MCPError):
         return exc.code, exc.message
@@ -204,6 +223,8 @@ class _SyncInterceptor(grpc.ServerInterceptor):
             def fail(exc: Exception, context: grpc.ServicerContext) -> None:
                 if context.code() not in (None, grpc.StatusCode.OK):
                     raise exc  # the handler aborted by itself
+                if getattr(exc, "not_started", False):
+                    context.set_trailing_metadata((NOT_STARTED_METADATA,))
                 context.abort(*_status_for(exc, method))
 
             def stream(request: Any, context: grpc.ServicerContext) -> Any:
@@ -240,7 +261,7 @@ class _AioInterceptor(grpc.aio.ServerInterceptor):
                     except grpc.aio.AbortError:
                         raise
                     except Exception as exc:
-                        await context.abort(*_status_for(exc, method))
+                        await _abort(context, exc, method)
 
                 return agen
 
@@ -251,11 +272,17 @@ class _AioInterceptor(grpc.aio.ServerInterceptor):
                 except grpc.aio.AbortError:
                     raise
                 except Exception as exc:
-                    await context.abort(*_status_for(exc, method))
+                    await _abort(context, exc, method)
 
             return call
 
         return _rewrap(handler, wrap)
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: Exception, method: str) -> None:
+    if getattr(exc, "not_started", False):
+        context.set_trailing_metadata((NOT_STARTED_METADATA,))
+    await context.abort(*_status_for(exc, method))
 
 
 def server_interceptor() -> grpc.ServerInterceptor:

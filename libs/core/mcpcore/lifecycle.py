@@ -19,13 +19,13 @@ import asyncio
 import enum
 import json
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mcpcore.errors import DataLoss, FailedPrecondition, Internal, MCPError, NotFound
 from mcpcore.keys import Keyspace, ReplicaId
-from mcpcore.store import Compare, Delete, Store
+from mcpcore.store import Compare, Delete, Put, Store
 
 __all__ = [
     "TRANSITIONS",
@@ -33,6 +33,7 @@ __all__ = [
     "ReplicaLifecycle",
     "ReplicaRecord",
     "ReplicaState",
+    "Resync",
     "Transition",
     "check_transition",
     "is_legal",
@@ -130,6 +131,16 @@ class ReplicaRecord:
             raise DataLoss(f"replica record at {key} is not valid ({exc!r}); fix or delete the key") from exc
 
 
+@dataclass(frozen=True, slots=True)
+class Resync:
+    """One replica's re-sync write (``ReplicaLifecycle.resync_op``), to commit in a transaction."""
+
+    rid: ReplicaId
+    compare: Compare
+    put: Put
+    record: ReplicaRecord  # as written; its revision is the transaction's
+
+
 #: A hook gets the replica, the state it leaves and the state it enters.
 Hook = Callable[[ReplicaId, ReplicaState, ReplicaState], Awaitable[None]]
 
@@ -164,6 +175,19 @@ class ReplicaLifecycle:
         kv = await self._store.get(key)
         return None if kv is None else ReplicaRecord.from_json(kv.value, revision=kv.mod_revision, key=key)
 
+    async def records_of(self, worker: str) -> list[tuple[ReplicaId, ReplicaRecord]]:
+        """Every replica record naming ``worker`` (one prefix read; for a worker's registration)."""
+        prefix = self._keys.replicas_prefix()
+        out = []
+        for kv in (await self._store.get_prefix(prefix)).items:
+            rid = self._keys.parse_replica_key(kv.key)
+            if rid is not None and rid.worker == worker:
+                try:
+                    out.append((rid, ReplicaRecord.from_json(kv.value, revision=kv.mod_revision, key=kv.key)))
+                except DataLoss:
+                    continue  # not ours to judge here: whoever reads it gets the error
+        return out
+
     async def create(
         self, rid: ReplicaId, *, reason: str = "", info: Mapping[str, Any] | None = None
     ) -> ReplicaRecord:
@@ -180,9 +204,11 @@ class ReplicaLifecycle:
         reason: str = "",
         expected_revision: int | None = None,
         info: Mapping[str, Any] | None = None,
+        guard: Sequence[Compare] = (),
     ) -> ReplicaRecord:
         """Move ``rid`` to ``dst`` (rules 1-3 above). ``expected_revision`` pins the record the caller saw;
-        ``info`` entries are merged into the record's info."""
+        ``info`` entries are merged into the record's info; ``guard`` adds compares the write also needs
+        (the health service marks a dead worker's replicas ERROR only while its record is still gone)."""
         async with self._lock(rid):
             current = await self.get(rid)
             if current is None:
@@ -201,40 +227,36 @@ class ReplicaLifecycle:
                 history=(*current.history, step)[-self._history :],
                 info={**current.info, **(info or {})},
             )
-            return await self._write(rid, record, expected_revision=current.revision)
+            return await self._write(rid, record, expected_revision=current.revision, guard=guard)
 
-    async def publish(
+    async def resync_op(
         self, rid: ReplicaId, state: ReplicaState, *, reason: str, info: Mapping[str, Any] | None = None
-    ) -> ReplicaRecord:
-        """Record what the holder of a replica actually has, whatever the record says.
+    ) -> Resync:
+        """The compare-and-put that records what the holder of a replica actually has, whatever the
+        record says: the re-sync of a worker that lost etcd and comes back, when others may have marked
+        its replicas ERROR (or deleted them) meanwhile.
 
-        Not a transition (no hooks, no legality check): the re-sync path of a worker that lost etcd and
-        comes back, when others may have marked its replicas ERROR meanwhile. Still written by CAS: a
-        concurrent write is re-read and overwritten, never lost silently in between.
+        Not a transition (no hooks, no legality check). The caller commits it in one transaction with its
+        own registration (``Store.txn``), so watchers see the worker and its replicas return together; a
+        failed compare means someone wrote meanwhile: build it again. It always writes, so a decision
+        planned from the record as it was before (a scheduler's forget) loses its own compare.
         """
-        async with self._lock(rid):
-            for _ in range(5):
-                current = await self.get(rid)
-                merged = {**(current.info if current else {}), **(info or {})}
-                if current is not None and current.state is state and current.info == merged:
-                    return current
-                now = self._clock()
-                history = () if current is None else current.history
-                if current is not None:
-                    history = (*history, Transition(current.state, state, now, f"re-sync: {reason}"))
-                record = ReplicaRecord(state, now, reason, history=history[-self._history :], info=merged)
-                try:
-                    return await self._write(
-                        rid, record, expected_revision=current.revision if current else 0
-                    )
-                except FailedPrecondition:
-                    continue
-            raise FailedPrecondition(f"replica {rid}: could not re-sync its state; the record keeps changing")
-
-    async def remove(self, rid: ReplicaId, *, expected_revision: int) -> None:
-        """Delete the record if it is still at ``expected_revision`` (a replica gone for good)."""
+        current = await self.get(rid)
         key = self._keys.replica_key(rid)
-        result = await self._store.txn([Compare(key, expected_revision)], [Delete(key)])
+        now = self._clock()
+        history: tuple[Transition, ...] = () if current is None else current.history
+        if current is not None and current.state is not state:
+            history = (*history, Transition(current.state, state, now, f"re-sync: {reason}"))
+        merged = {**(current.info if current else {}), **(info or {})}
+        record = ReplicaRecord(state, now, reason, history=history[-self._history :], info=merged)
+        compare = Compare(key, current.revision if current else 0)
+        return Resync(rid, compare, Put(key, record.to_json()), record)
+
+    async def remove(self, rid: ReplicaId, *, expected_revision: int, guard: Sequence[Compare] = ()) -> None:
+        """Delete the record if it is still at ``expected_revision`` (a replica gone for good) and the
+        ``guard`` compares hold."""
+        key = self._keys.replica_key(rid)
+        result = await self._store.txn([Compare(key, expected_revision), *guard], [Delete(key)])
         if not result.succeeded:
             raise self._conflict(rid, expected_revision)
 
@@ -251,9 +273,13 @@ class ReplicaLifecycle:
                     f"state stays {src.value}"
                 ) from exc
 
-    async def _write(self, rid: ReplicaId, record: ReplicaRecord, *, expected_revision: int) -> ReplicaRecord:
+    async def _write(
+        self, rid: ReplicaId, record: ReplicaRecord, *, expected_revision: int, guard: Sequence[Compare] = ()
+    ) -> ReplicaRecord:
         key = self._keys.replica_key(rid)
-        result = await self._store.compare_and_put(key, record.to_json(), mod_revision=expected_revision)
+        result = await self._store.txn(
+            [Compare(key, expected_revision), *guard], [Put(key, record.to_json())]
+        )
         if not result.succeeded:
             raise self._conflict(rid, expected_revision)
         return replace(record, revision=result.revision)

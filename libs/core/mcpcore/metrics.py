@@ -36,6 +36,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 
 __all__ = [
     "DURATION_BUCKETS",
+    "LAG_BUCKETS",
     "STANDARD",
     "CommonMetrics",
     "MetricSpec",
@@ -49,6 +50,8 @@ __all__ = [
 DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 #: Fast local work such as applying a watch event to a snapshot: 50 µs .. 1 s.
 FAST_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
+#: Event-loop lag (how late a timer fires): 0.25 ms .. 1 s, fine around the 10 ms target.
+LAG_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.05, 0.1, 0.25, 1.0)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
@@ -97,6 +100,9 @@ STANDARD: dict[str, MetricSpec] = {
     "mcp_loop_errors_total": MetricSpec(
         Counter, "Errors caught by a background loop that went on.", ("loop",)
     ),
+    "mcp_event_loop_lag_seconds": MetricSpec(
+        Histogram, "How late the event loop ran a timer (time it was blocked or busy).", (), LAG_BUCKETS
+    ),
 }
 
 
@@ -134,13 +140,15 @@ class Metrics:
 
 
 class CommonMetrics(Metrics):
-    """What every service exports: rejected config values, watch apply times, background loop errors."""
+    """What every service exports: rejected config values, watch apply times, background loop errors, and
+    the event loop's lag (``mcpcore.looplag``)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         super().__init__(registry)
         self.config_rejected = self.standard("mcp_config_rejected_total")
         self.watch_apply = self.standard("mcp_watch_apply_seconds")
         self.loop_errors = self.standard("mcp_loop_errors_total")
+        self.loop_lag = self.standard("mcp_event_loop_lag_seconds")
 
     def count_loop_error(self, loop: str) -> None:
         self.loop_errors.labels(loop=loop).inc()

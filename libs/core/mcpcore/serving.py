@@ -46,6 +46,11 @@ class GrpcService:
         for name in ("", *self.services):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
+    async def set_not_serving(self) -> None:
+        """Every name reports NOT_SERVING (a graceful stop began) while calls are still served."""
+        await self.health.enter_graceful_shutdown()
+
     async def stop(self, grace_s: float = 1.0) -> None:
+        """NOT_SERVING, refuse new calls, give in-flight ones ``grace_s``, then close."""
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace=grace_s)

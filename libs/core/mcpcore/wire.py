@@ -28,8 +28,10 @@ from mcpcore.errors import InvalidArgument, MCPError, ResourceExhausted, error_f
 from mcpcore.keys import NAME_RE
 
 __all__ = [
+    "FLAG_DRAINING",
     "FLAG_RETRYABLE",
     "FLAG_SECONDARY_FEATURES_OFF",
+    "PARAM_FEATURES_OFF",
     "Limits",
     "Message",
     "decode",
@@ -43,6 +45,10 @@ __all__ = [
 TensorHeader = tensor_pb2.TensorHeader
 FLAG_SECONDARY_FEATURES_OFF = tensor_pb2.FLAG_SECONDARY_FEATURES_OFF
 FLAG_RETRYABLE = tensor_pb2.FLAG_RETRYABLE
+FLAG_DRAINING = tensor_pb2.FLAG_DRAINING
+#: Header parameter a router adds with ``FLAG_SECONDARY_FEATURES_OFF``: the breaker policy's level-2
+#: ``features``, comma-separated (absent: every secondary output of the model goes).
+PARAM_FEATURES_OFF = "mcp.features_off"
 MiB = 1 << 20
 
 
@@ -169,10 +175,13 @@ def _view(spec: tensor_pb2.TensorSpec, buf: memoryview, limits: Limits) -> np.nd
 
 
 def error_reply(
-    request: tensor_pb2.TensorHeader | None, error: MCPError, *, retryable: bool = False
+    request: tensor_pb2.TensorHeader | None, error: MCPError, *, retryable: bool = False, flags: int = 0
 ) -> bytes:
-    """The header frame answering ``request`` with ``error`` (the whole reply is this one frame)."""
-    reply = tensor_pb2.TensorHeader(kind=tensor_pb2.KIND_REPLY, status_code=error.code.value[0])
+    """The header frame answering ``request`` with ``error`` (the whole reply is this one frame).
+
+    ``retryable``: the request did not start, so it may go to another worker (``FLAG_RETRYABLE``);
+    ``flags`` adds other reply flags (``FLAG_DRAINING``)."""
+    reply = tensor_pb2.TensorHeader(kind=tensor_pb2.KIND_REPLY, status_code=error.code.value[0], flags=flags)
     reply.status_message = error.message
     if request is not None:
         reply.request_id = request.request_id

@@ -29,6 +29,7 @@ class HeaderFlag(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FLAG_NONE: _ClassVar[HeaderFlag]
     FLAG_SECONDARY_FEATURES_OFF: _ClassVar[HeaderFlag]
     FLAG_RETRYABLE: _ClassVar[HeaderFlag]
+    FLAG_DRAINING: _ClassVar[HeaderFlag]
 
 class MessageKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -52,6 +53,7 @@ TYPE_BF16: DataType
 FLAG_NONE: HeaderFlag
 FLAG_SECONDARY_FEATURES_OFF: HeaderFlag
 FLAG_RETRYABLE: HeaderFlag
+FLAG_DRAINING: HeaderFlag
 KIND_UNSPECIFIED: MessageKind
 KIND_REQUEST: MessageKind
 KIND_REPLY: MessageKind
