@@ -1,12 +1,17 @@
 """Build the demo model repository (DESIGN §13): ``python tools/make_models.py --out DIR [--force]``.
 
 Every demo model is the same small MLP: input ``INPUT0`` FP32 ``[-1, 64]``, dense 64→256, ReLU, dense
-256→16, output ``OUTPUT0`` FP32 ``[-1, 16]``. Dense weights are stored ``[in, out]`` (``y = x @ W + b``).
+256→16, output ``OUTPUT0`` FP32 ``[-1, 16]``; plus a secondary output ``RANK0`` FP32 ``[-1, 8]`` (a ranking
+head on the hidden layer: dense 256→64, ReLU, dense 64→8, softmax) that breaker level 2 drops, saving the
+head's work. Dense weights are stored ``[in, out]`` (``y = x @ W + b``).
 
     demo-mlp/1, demo-mlp/2   layer graph (numpy backend), weights.safetensors; seeds 1 and 2
     demo-onnx/1, demo-onnx/2 the same two MLPs, same weights, as model.onnx (onnx backend)
     demo-mlp-enc/1           demo-mlp/1 with its weights AES-256-GCM encrypted (weights.safetensors.enc)
     demo-slow/1              demo-mlp/1 behind a 50 ms sleep layer, max batch 8: for timeout tests
+    demo-stateful/1          not idempotent: ``INPUT0`` → ``COUNT`` FP32 ``[-1, 1]``, a counter of the
+                             rows its worker ran, after 20 ms (at-most-once tests: a request run twice
+                             shows, and a fault finds requests mid-execution)
     keyring.json             the demo key, id ``demo-key``, mode 0600
 
 The demo key is derived from a fixed public string, so it is NOT a secret: it exists so that the encrypted
@@ -40,10 +45,11 @@ from mcpcore.crypto import encrypt_model_bytes, write_keyring
 __all__ = ["DEMO_KEY_ID", "DEMO_MODELS", "ENCRYPTED_FILES", "demo_key", "make_models", "mlp_weights"]
 
 IN_DIM, HIDDEN, OUT_DIM = 64, 256, 16
+RANK_HIDDEN, RANK_DIM = 64, 8
 SEEDS = {"1": 1, "2": 2}
 DEMO_KEY_ID = "demo-key"
 KEYRING = "keyring.json"
-DEMO_MODELS = ("demo-mlp", "demo-onnx", "demo-mlp-enc", "demo-slow")
+DEMO_MODELS = ("demo-mlp", "demo-onnx", "demo-mlp-enc", "demo-slow", "demo-stateful")
 #: Files that differ run to run (a random nonce); everything else is deterministic.
 ENCRYPTED_FILES = ("demo-mlp-enc/1/weights.safetensors.enc",)
 ONNX_OPSET = 17
@@ -68,19 +74,27 @@ def mlp_weights(seed: int) -> dict[str, np.ndarray]:
 
     w1, b1 = layer(IN_DIM, HIDDEN)
     w2, b2 = layer(HIDDEN, OUT_DIM)
-    return {"fc1.weight": w1, "fc1.bias": b1, "fc2.weight": w2, "fc2.bias": b2}
+    r1, c1 = layer(HIDDEN, RANK_HIDDEN)  # drawn after the MLP's, so OUTPUT0's weights do not change
+    r2, c2 = layer(RANK_HIDDEN, RANK_DIM)
+    return {
+        "fc1.weight": w1, "fc1.bias": b1, "fc2.weight": w2, "fc2.bias": b2,
+        "rank1.weight": r1, "rank1.bias": c1, "rank2.weight": r2, "rank2.bias": c2,
+    }  # fmt: skip
 
 
 # --- model.yaml ---------------------------------------------------------------------------------------------
 
 
-def _config(backend: str, weights: str, *, max_batch_size: int = 64, **extra: Any) -> dict[str, Any]:
+def _config(backend: str, weights: str | None, *, max_batch_size: int = 64, **extra: Any) -> dict[str, Any]:
     preferred = [s for s in (16, 32, 64) if s <= max_batch_size] or [max_batch_size]
     config: dict[str, Any] = {
         "backend": backend,
         "max_batch_size": max_batch_size,
         "inputs": [{"name": "INPUT0", "dtype": "FP32", "shape": [-1, IN_DIM]}],
-        "outputs": [{"name": "OUTPUT0", "dtype": "FP32", "shape": [-1, OUT_DIM]}],
+        "outputs": [
+            {"name": "OUTPUT0", "dtype": "FP32", "shape": [-1, OUT_DIM]},
+            {"name": "RANK0", "dtype": "FP32", "shape": [-1, RANK_DIM]},
+        ],
         "dynamic_batching": {
             "max_queue_delay_us": 2000,
             "preferred_batch_sizes": preferred,
@@ -88,7 +102,7 @@ def _config(backend: str, weights: str, *, max_batch_size: int = 64, **extra: An
         },
         # The weights are 81 KiB; the rest is headroom for activations at max batch and runtime buffers.
         "memory_bytes": 1 << 20 if backend == "numpy" else 4 << 20,
-        "qos": {"latency_sensitivity": 0.8},
+        "qos": {"latency_sensitivity": 0.8, "secondary_features": ["RANK0"]},
         "weights": weights,
     }
     config.update(extra)
@@ -100,9 +114,15 @@ def _config(backend: str, weights: str, *, max_batch_size: int = 64, **extra: An
 def _mlp_layers() -> list[dict[str, Any]]:
     return [
         {"op": "dense", "in": IN_DIM, "out": HIDDEN, "weight": "fc1.weight", "bias": "fc1.bias"},
+        {"op": "relu", "name": "hidden"},
+        {"op": "dense", "in": HIDDEN, "out": OUT_DIM, "weight": "fc2.weight", "bias": "fc2.bias",
+         "output": "OUTPUT0"},
+        {"op": "dense", "from": "hidden", "in": HIDDEN, "out": RANK_HIDDEN, "weight": "rank1.weight",
+         "bias": "rank1.bias"},
         {"op": "relu"},
-        {"op": "dense", "in": HIDDEN, "out": OUT_DIM, "weight": "fc2.weight", "bias": "fc2.bias"},
-    ]
+        {"op": "dense", "in": RANK_HIDDEN, "out": RANK_DIM, "weight": "rank2.weight", "bias": "rank2.bias"},
+        {"op": "softmax", "output": "RANK0"},
+    ]  # fmt: skip
 
 
 def _yaml(config: dict[str, Any]) -> bytes:
@@ -118,19 +138,34 @@ def _safetensors(tensors: dict[str, np.ndarray]) -> bytes:
 
 
 def _onnx(tensors: dict[str, np.ndarray], name: str) -> bytes:
-    """MatMul, Add, Relu, MatMul, Add with the tensors as initializers and a dynamic batch dim."""
+    """The layer graph's MatMul/Add/Relu (and the ranking head's Softmax) with the tensors as
+    initializers and a dynamic batch dim."""
+
+    def dense(prefix: str, src: str, dst: str) -> list[Any]:
+        return [
+            helper.make_node(
+                "MatMul", [src, f"{prefix}.weight"], [f"{prefix}.matmul"], name=f"{prefix}.matmul"
+            ),
+            helper.make_node("Add", [f"{prefix}.matmul", f"{prefix}.bias"], [dst], name=f"{prefix}.add"),
+        ]
+
     nodes = [
-        helper.make_node("MatMul", ["INPUT0", "fc1.weight"], ["fc1.matmul"], name="fc1.matmul"),
-        helper.make_node("Add", ["fc1.matmul", "fc1.bias"], ["fc1.out"], name="fc1.add"),
+        *dense("fc1", "INPUT0", "fc1.out"),
         helper.make_node("Relu", ["fc1.out"], ["relu.out"], name="relu"),
-        helper.make_node("MatMul", ["relu.out", "fc2.weight"], ["fc2.matmul"], name="fc2.matmul"),
-        helper.make_node("Add", ["fc2.matmul", "fc2.bias"], ["OUTPUT0"], name="fc2.add"),
+        *dense("fc2", "relu.out", "OUTPUT0"),
+        *dense("rank1", "relu.out", "rank1.out"),
+        helper.make_node("Relu", ["rank1.out"], ["rank.relu"], name="rank.relu"),
+        *dense("rank2", "rank.relu", "rank2.out"),
+        helper.make_node("Softmax", ["rank2.out"], ["RANK0"], name="rank.softmax", axis=-1),
     ]
     graph = helper.make_graph(
         nodes,
         name,
         inputs=[helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", IN_DIM])],
-        outputs=[helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", OUT_DIM])],
+        outputs=[
+            helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", OUT_DIM]),
+            helper.make_tensor_value_info("RANK0", TensorProto.FLOAT, ["batch", RANK_DIM]),
+        ],
         initializer=[numpy_helper.from_array(array, name=key) for key, array in tensors.items()],
     )
     model = helper.make_model(
@@ -166,6 +201,15 @@ def _files() -> dict[str, bytes]:
     slow["layers"] = [{"op": "sleep", "ms": SLOW_MS}, *_mlp_layers()]
     files["demo-slow/1/weights.safetensors"] = plain
     files["demo-slow/1/model.yaml"] = _yaml(slow)
+
+    stateful = _config("numpy", None, idempotent=False)  # said outright, though a count layer implies it
+    stateful.pop("weights")
+    stateful["outputs"] = [{"name": "COUNT", "dtype": "FP32", "shape": [-1, 1]}]
+    stateful["qos"] = {"latency_sensitivity": 0.8}
+    stateful["memory_bytes"] = 64 << 10
+    # 20 ms per batch: a fault (kill -9, SIGSTOP) finds requests mid-execution, as it would a real model
+    stateful["layers"] = [{"op": "sleep", "ms": 20.0}, {"op": "count"}]
+    files["demo-stateful/1/model.yaml"] = _yaml(stateful)
     return files
 
 

@@ -21,6 +21,7 @@ from mcpcore.modelspec import ModelConfig, TensorSpec, load_model_yaml
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "make_models.py"
 VERSIONS = ("demo-mlp/1", "demo-mlp/2", "demo-onnx/1", "demo-onnx/2", "demo-mlp-enc/1", "demo-slow/1")
+# demo-stateful/1 has its own I/O (a counter), checked on its own below
 
 
 def _load_script() -> ModuleType:
@@ -43,7 +44,9 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _load(repo: Path, version: str) -> tuple[ModelConfig, Backend]:
     config = load_model_yaml(repo / version / "model.yaml")
-    path = repo / version / config.weights  # type: ignore[operator]
+    if config.weights is None:
+        return config, create_backend(config, None)
+    path = repo / version / config.weights
     if config.encrypted:
         keyring = Keyring.load(repo / make_models.KEYRING)
         weights = decrypt_file(path, keyring=keyring, model=config.name, version=config.version)
@@ -71,7 +74,11 @@ def test_every_model_yaml_validates_with_the_demo_names(repo: Path) -> None:
         config = load_model_yaml(repo / version / "model.yaml")
         assert f"{config.name}/{config.version}" == version
         assert config.inputs == (TensorSpec("INPUT0", "FP32", (-1, 64)),)
-        assert config.outputs == (TensorSpec("OUTPUT0", "FP32", (-1, 16)),)
+        assert config.outputs == (
+            TensorSpec("OUTPUT0", "FP32", (-1, 16)),
+            TensorSpec("RANK0", "FP32", (-1, 8)),
+        )
+        assert config.idempotent
         assert config.dynamic_batching is not None and config.dynamic_batching.max_queue_size == 1024
         assert config.memory_bytes > 0
     slow = load_model_yaml(repo / "demo-slow/1")
@@ -79,6 +86,17 @@ def test_every_model_yaml_validates_with_the_demo_names(repo: Path) -> None:
     enc = load_model_yaml(repo / "demo-mlp-enc/1")
     assert enc.encrypted and enc.key_id == "demo-key" and enc.weights == "weights.safetensors.enc"
     assert load_model_yaml(repo / "demo-onnx/2").fallback_version == "1"
+    assert load_model_yaml(repo / "demo-mlp/1").qos.secondary_features == ("RANK0",)
+    stateful = load_model_yaml(repo / "demo-stateful/1")
+    assert not stateful.idempotent and stateful.outputs == (TensorSpec("COUNT", "FP32", (-1, 1)),)
+
+
+def test_demo_stateful_counts_every_row_it_runs(repo: Path) -> None:
+    """Its output numbers the rows its worker ran: a request run twice gets numbers nobody else has."""
+    _, counter = _load(repo, "demo-stateful/1")
+    first = counter.infer({"INPUT0": _x(3)})["COUNT"]
+    second = counter.infer({"INPUT0": _x(2)})["COUNT"]
+    assert first.ravel().tolist() == [1, 2, 3] and second.ravel().tolist() == [4, 5]
 
 
 @pytest.mark.parametrize("version", ["1", "2"])
@@ -89,7 +107,27 @@ def test_numpy_and_onnx_agree(repo: Path, version: str) -> None:
         x = _x(batch, seed=batch)
         got_numpy, got_onnx = mlp.infer({"INPUT0": x}), onnx.infer({"INPUT0": x})
         assert got_numpy["OUTPUT0"].shape == (batch, 16) and got_numpy["OUTPUT0"].dtype == np.float32
-        np.testing.assert_allclose(got_onnx["OUTPUT0"], got_numpy["OUTPUT0"], rtol=1e-5, atol=1e-5)
+        assert got_numpy["RANK0"].shape == (batch, 8)
+        np.testing.assert_allclose(got_numpy["RANK0"].sum(axis=1), 1.0, rtol=1e-5)  # a softmax head
+        for name in ("OUTPUT0", "RANK0"):
+            np.testing.assert_allclose(got_onnx[name], got_numpy[name], rtol=1e-5, atol=1e-5)
+        # breaker level 2: both backends skip the secondary head and keep the primary output as it was
+        for backend in (mlp, onnx):
+            primary = backend.infer({"INPUT0": x}, skip=frozenset({"RANK0"}))
+            assert list(primary) == ["OUTPUT0"]
+            np.testing.assert_allclose(primary["OUTPUT0"], got_numpy["OUTPUT0"], rtol=1e-5, atol=1e-5)
+
+
+def test_skipping_the_secondary_head_skips_its_work(repo: Path) -> None:
+    """The layer graph reports the multiply-accumulates it did: level 2 leaves out the ranking head's."""
+    _, mlp = _load(repo, "demo-mlp/1")
+    work: list[int] = []
+    mlp.on_work = work.append  # type: ignore[attr-defined]
+    mlp.infer({"INPUT0": _x(4)})
+    mlp.infer({"INPUT0": _x(4)}, skip=frozenset({"RANK0"}))
+    full, primary = work
+    assert primary == 4 * (64 * 256 + 256 * 16)  # fc1, fc2
+    assert full == primary + 4 * (256 * 64 + 64 * 8)  # + rank1, rank2
 
 
 def test_versions_differ_and_memory_is_measured(repo: Path) -> None:

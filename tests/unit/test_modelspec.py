@@ -67,9 +67,11 @@ def test_demo_mlp_parses() -> None:
     assert cfg.layers == (
         Layer("dense", in_dim=64, out_dim=256, weight="fc1.weight", bias="fc1.bias"),
         Layer("relu"),
-        Layer("dense", in_dim=256, out_dim=16, weight="fc2.weight", bias="fc2.bias"),
-    )
+        Layer("dense", in_dim=256, out_dim=16, weight="fc2.weight", bias="fc2.bias", output="OUTPUT0"),
+    )  # one output and no marks: the last layer makes it
     assert (cfg.priority, cfg.qos, cfg.memory_bytes, cfg.instance_count) == (0, QoS(), 0, 1)
+    assert (cfg.idempotent, cfg.max_ongoing_requests) == (True, modelspec.DEFAULT_MAX_ONGOING_REQUESTS)
+    assert cfg.dynamic_batching.max_queue_size == modelspec.DEFAULT_MAX_QUEUE_SIZE  # bounded by default
     assert (cfg.weights, cfg.encrypted, cfg.key_id, cfg.fallback_version) == (
         "weights.safetensors",
         False,
@@ -90,7 +92,7 @@ def test_full_schema() -> None:
     data = demo() | {
         "name": "demo-mlp",
         "priority": 3,
-        "qos": {"latency_sensitivity": 0.9, "secondary_features": ["recommend", "ranking"]},
+        "qos": {"latency_sensitivity": 0.9, "secondary_features": ["RANK0"]},
         "memory_bytes": 1 << 20,
         "fallback_version": 1,
         "weights": "weights.safetensors.enc",
@@ -105,18 +107,24 @@ def test_full_schema() -> None:
         "default_queue_timeout_us": 100_000,
         "max_queue_size": 128,
     }
+    data["outputs"].append({"name": "RANK0", "dtype": "FP32", "shape": [-1, 16]})
+    data["layers"][1]["name"] = "hidden"
+    data["layers"][2]["output"] = "OUTPUT0"
     data["layers"] += [
+        {"op": "dense", "from": "hidden", "in": 256, "out": 16, "weight": "r.weight"},
         {"op": "layernorm", "eps": 1e-5},
         {"op": "gelu"},
         {"op": "softmax"},
-        {"op": "sleep", "ms": 2},
+        {"op": "sleep", "ms": 2, "output": "RANK0"},
     ]
+    data["max_ongoing_requests"] = 32
     cfg = parse(data, version="2")
-    assert cfg.fallback_version == "1"
-    assert cfg.qos == QoS(0.9, ("recommend", "ranking"))
+    assert cfg.fallback_version == "1" and cfg.max_ongoing_requests == 32
+    assert cfg.qos == QoS(0.9, ("RANK0",)) and cfg.primary_outputs == ("OUTPUT0",)
     assert (cfg.encrypted, cfg.key_id, cfg.instance_count, cfg.priority) == (True, "key-2024", 2, 3)
     assert cfg.dynamic_batching is not None and cfg.dynamic_batching.default_priority_level == 2
-    assert cfg.layers[-1] == Layer("sleep", ms=2.0)
+    assert cfg.layers[-1] == Layer("sleep", ms=2.0, output="RANK0")
+    assert cfg.layers[-5] == Layer("dense", in_dim=256, out_dim=16, weight="r.weight", source="hidden")
     assert cfg.layers[-4] == Layer("layernorm", eps=1e-5)
 
 
@@ -194,7 +202,7 @@ INVALID = [
     ("inputs[0].shape", [-1, 8, 64], "outputs[0].shape: must match the input's [-1, 8]"),
     ("inputs[0].format", "NCHW", "inputs[0].format: unknown key"),
     ("outputs[0].shape", ..., "outputs[0].shape: required"),
-    ("outputs[0].shape", [-1, 32], "layers: the chain ends at dim 16 but outputs[0] OUTPUT0 has last dim 32"),
+    ("outputs[0].shape", [-1, 32], "layers[2].output: the graph reaches dim 16; OUTPUT0 has last dim 32"),
     ("layers", ..., "layers: expected a list, got NoneType None"),
     ("layers", [], "layers: backend numpy needs a non-empty layer list"),
     ("layers[0].in", 32, "layers[0].in: 32 does not match the incoming dim 64"),

@@ -24,8 +24,17 @@ Invariants:
   ``model.yaml demo-mlp/1: dynamic_batching.max_queue_delay_us: must be >= 0, got -5``. Unknown keys are
   errors. No I/O but ``load_model_yaml`` reading its one file; parsing the demo file takes well under 5 ms.
 - With ``max_batch_size > 0`` the first dim of every tensor is the batch dim and must be -1.
-- A layer graph (backends numpy and cuda) has one input and one output; its dense layers chain from the
-  input's last dim to the output's last dim; the other dims pass through unchanged.
+- A layer graph (backends numpy and cuda) has one input and one or more outputs. Layers run in order; each
+  reads the previous layer's result, or the result of an earlier layer it names with ``from`` (``name``
+  labels a result, the input is named by its tensor name), and ``output: <name>`` makes a result a model
+  output (with one output and no ``output`` marks, the last layer is it). Dense layers chain the last dim;
+  the other dims pass through unchanged; every layer feeds some output.
+- ``qos.secondary_features`` names outputs (never all of them) that breaker level 2 may drop, so the
+  layers only they need are skipped (DESIGN.md 7).
+- ``idempotent`` (default: true, false for a graph with a stateful ``count`` layer) says whether a request
+  that may have run may be sent again after its worker vanished; ``max_ongoing_requests`` bounds the
+  requests a router keeps in flight to one replica; ``dynamic_batching.max_queue_size`` defaults to
+  ``DEFAULT_MAX_QUEUE_SIZE`` (0 leaves only the worker's own bounds).
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -45,12 +54,16 @@ from mcpcore.keys import NAME_RE, VERSION_RE
 
 __all__ = [
     "BACKENDS",
+    "DEFAULT_MAX_ONGOING_REQUESTS",
+    "DEFAULT_MAX_QUEUE_SIZE",
     "LAYER_OPS",
+    "STATEFUL_OPS",
     "DynamicBatching",
     "Layer",
     "ModelConfig",
     "QoS",
     "TensorSpec",
+    "layer_reads",
     "load_model_yaml",
     "model_config_from_dict",
     "parse_model_yaml",
@@ -58,7 +71,11 @@ __all__ = [
 
 BACKENDS = ("numpy", "onnx", "cuda")
 LAYER_GRAPH_BACKENDS = ("numpy", "cuda")
-LAYER_OPS = ("dense", "relu", "gelu", "softmax", "layernorm", "sleep")
+LAYER_OPS = ("dense", "relu", "gelu", "softmax", "layernorm", "sleep", "count")
+#: Ops whose result depends on what ran before (a model holding one is not idempotent by default).
+STATEFUL_OPS = frozenset({"count"})
+DEFAULT_MAX_QUEUE_SIZE = 1024
+DEFAULT_MAX_ONGOING_REQUESTS = 256
 DTYPES = tuple(sorted(dtypes.NAMES))
 _LAYER_GRAPH_DTYPES = ("FP16", "FP32", "FP64")
 _MAX_FILE_BYTES = 1 << 20
@@ -83,7 +100,7 @@ class DynamicBatching:
     priority_levels: int = 1  # level 1 is served first
     default_priority_level: int = 1
     default_queue_timeout_us: int = 0  # 0 = no timeout
-    max_queue_size: int = 0  # 0 = unbounded
+    max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE  # 0 = only the worker's own bounds
 
 
 @dataclass(frozen=True)
@@ -104,6 +121,9 @@ class Layer:
     bias: str | None = None
     eps: float | None = None  # layernorm only; the backend's default when None
     ms: float | None = None  # sleep only
+    name: str | None = None  # labels this layer's result, for a later layer's ``source``
+    source: str | None = None  # YAML's ``from``: the named result this layer reads (default: the previous)
+    output: str | None = None  # this layer's result is that model output
 
 
 @dataclass(frozen=True)
@@ -124,6 +144,13 @@ class ModelConfig:
     key_id: str | None = None
     layers: tuple[Layer, ...] = ()
     instance_count: int = 1
+    idempotent: bool = True
+    max_ongoing_requests: int = DEFAULT_MAX_ONGOING_REQUESTS
+
+    @property
+    def primary_outputs(self) -> tuple[str, ...]:
+        """The outputs breaker level 2 never drops."""
+        return tuple(t.name for t in self.outputs if t.name not in self.qos.secondary_features)
 
 
 # --- validation helpers -----------------------------------------------------------------------------------
@@ -199,6 +226,8 @@ _TOP_KEYS = tuple(f.name for f in fields(ModelConfig) if f.name != "version")  #
 _BATCHING_KEYS = tuple(f.name for f in fields(DynamicBatching))
 _LAYER_KEYS = {"dense": ("op", "in", "out", "weight", "bias"), "relu": ("op",), "gelu": ("op",)}
 _LAYER_KEYS |= {"softmax": ("op",), "layernorm": ("op", "weight", "bias", "eps"), "sleep": ("op", "ms")}
+_LAYER_KEYS |= {"count": ("op",)}
+_LAYER_KEYS = {op: (*keys, "name", "from", "output") for op, keys in _LAYER_KEYS.items()}
 _ALL_LAYER_KEYS = tuple(dict.fromkeys(k for keys in _LAYER_KEYS.values() for k in keys))
 _LAYER_REQUIRED = {"dense": ("in", "out", "weight"), "sleep": ("ms",)}
 
@@ -270,6 +299,7 @@ def _layer(ctx: _Ctx, path: str, item: Any) -> Layer:
         ctx.fail(f"{path}.op", f"unknown layer op {op!r}; one of {', '.join(LAYER_OPS)}")
     ctx.mapping(path, item, _LAYER_KEYS[op], _LAYER_REQUIRED.get(op, ()))
     tensor = {k: ctx.name(f"{path}.{k}", item[k]) for k in ("weight", "bias") if k in item}
+    refs = {k: ctx.name(f"{path}.{k}", item[k]) for k in ("name", "from", "output") if k in item}
     return Layer(
         op=op,
         in_dim=ctx.int_(f"{path}.in", item["in"], lo=1) if "in" in item else None,
@@ -278,30 +308,86 @@ def _layer(ctx: _Ctx, path: str, item: Any) -> Layer:
         bias=tensor.get("bias"),
         eps=ctx.float_(f"{path}.eps", item["eps"], 0.0) if "eps" in item else None,
         ms=ctx.float_(f"{path}.ms", item["ms"], 0.0) if "ms" in item else None,
+        name=refs.get("name"),
+        source=refs.get("from"),
+        output=refs.get("output"),
     )
 
 
-def _check_chain(ctx: _Ctx, layers: tuple[Layer, ...], src: TensorSpec, dst: TensorSpec) -> None:
-    """Dense dims chain from the input's last dim to the output's; every other op keeps the dim."""
-    for path, t in (("inputs[0]", src), ("outputs[0]", dst)):
+def _check_graph(
+    ctx: _Ctx, layers: tuple[Layer, ...], src: TensorSpec, outputs: tuple[TensorSpec, ...]
+) -> tuple[Layer, ...]:
+    """Each layer's input exists and has the dim it needs; every output is made exactly once, with its
+    last dim; every layer feeds an output. Returns the layers with the implicit single output marked."""
+    _check_graph_io(ctx, src, outputs)
+    if not any(layer.output for layer in layers):
+        if len(outputs) != 1:
+            ctx.fail("layers", f"{len(outputs)} outputs: mark the layer that makes each with 'output'")
+        layers = (*layers[:-1], replace(layers[-1], output=outputs[0].name))
+    reads = _walk_graph(ctx, layers, src, {o.name: o for o in outputs})
+    live = {i for i, layer in enumerate(layers) if layer.output}
+    for i in range(len(layers) - 1, -1, -1):  # a layer lives when a living layer reads it
+        if i in live and reads[i] >= 0:
+            live.add(reads[i])
+    dead = [i for i in range(len(layers)) if i not in live]
+    if dead:
+        ctx.fail(f"layers[{dead[0]}]", f"({layers[dead[0]].op}) feeds no output")
+    return layers
+
+
+def _check_graph_io(ctx: _Ctx, src: TensorSpec, outputs: tuple[TensorSpec, ...]) -> None:
+    for path, t in (("inputs[0]", src), *((f"outputs[{i}]", o) for i, o in enumerate(outputs))):
         if t.dtype not in _LAYER_GRAPH_DTYPES:
             ctx.fail(
                 f"{path}.dtype", f"a layer graph computes in {'/'.join(_LAYER_GRAPH_DTYPES)}, got {t.dtype}"
             )
         if len(t.shape) < 1 or t.shape[-1] < 1:
             ctx.fail(f"{path}.shape", f"a layer graph needs a fixed last dim, got {list(t.shape)}")
-    if src.shape[:-1] != dst.shape[:-1]:
-        ctx.fail("outputs[0].shape", f"must match the input's {list(src.shape[:-1])} in all but the last dim")
-    dim = src.shape[-1]
+        if t is not src and t.shape[:-1] != src.shape[:-1]:
+            ctx.fail(f"{path}.shape", f"must match the input's {list(src.shape[:-1])} but for the last dim")
+
+
+def _walk_graph(
+    ctx: _Ctx, layers: tuple[Layer, ...], src: TensorSpec, wanted: Mapping[str, TensorSpec]
+) -> list[int]:
+    """Follow the dims through the layers; returns the index each layer reads (-1: the input)."""
+    names: dict[str, tuple[int, int]] = {src.name: (-1, src.shape[-1])}  # name -> (layer, its dim)
+    made: set[str] = set()
+    reads: list[int] = []
+    prev, dim = -1, src.shape[-1]
     for i, layer in enumerate(layers):
+        at = f"layers[{i}]"
+        if layer.source is not None:
+            if layer.source not in names:
+                ctx.fail(f"{at}.from", f"{layer.source!r} is not the input or an earlier layer's name")
+            prev, dim = names[layer.source]
+        reads.append(prev)
         if layer.op == "dense":
             if layer.in_dim != dim:
-                ctx.fail(f"layers[{i}].in", f"{layer.in_dim} does not match the incoming dim {dim}")
+                ctx.fail(f"{at}.in", f"{layer.in_dim} does not match the incoming dim {dim}")
             dim = layer.out_dim  # type: ignore[assignment]  # required for dense
-    if dim != dst.shape[-1]:
-        ctx.fail(
-            "layers", f"the chain ends at dim {dim} but outputs[0] {dst.name} has last dim {dst.shape[-1]}"
-        )
+        elif layer.op == "count":
+            dim = 1
+        if layer.name is not None:
+            if layer.name in names:
+                ctx.fail(f"{at}.name", f"{layer.name!r} names another result already")
+            names[layer.name] = (i, dim)
+        if layer.output is not None:
+            out = wanted.get(layer.output)
+            if out is None:
+                ctx.fail(f"{at}.output", f"{layer.output!r} is not one of the outputs {sorted(wanted)}")
+            if layer.output in made:
+                ctx.fail(f"{at}.output", f"output {layer.output!r} is made twice")
+            if dim != out.shape[-1]:
+                ctx.fail(
+                    f"{at}.output", f"the graph reaches dim {dim}; {out.name} has last dim {out.shape[-1]}"
+                )
+            made.add(layer.output)
+        prev = i
+    missing = sorted(set(wanted) - made)
+    if missing:
+        ctx.fail("layers", f"no layer makes output(s) {missing}")
+    return reads
 
 
 def _weights(ctx: _Ctx, data: Mapping[str, Any], backend: str, layers: tuple[Layer, ...]) -> tuple[Any, ...]:
@@ -341,11 +427,9 @@ def _layer_graph(
     if not items:
         ctx.fail("layers", f"backend {backend} needs a non-empty layer list")
     layers = tuple(_layer(ctx, f"layers[{i}]", item) for i, item in enumerate(items))
-    for path, tensors in (("inputs", inputs), ("outputs", outputs)):
-        if len(tensors) != 1:
-            ctx.fail(path, f"a layer graph has exactly one, got {len(tensors)}")
-    _check_chain(ctx, layers, inputs[0], outputs[0])
-    return layers
+    if len(inputs) != 1:
+        ctx.fail("inputs", f"a layer graph has exactly one, got {len(inputs)}")
+    return _check_graph(ctx, layers, inputs[0], outputs)
 
 
 def _fallback(ctx: _Ctx, value: Any, version: str) -> str | None:
@@ -379,6 +463,12 @@ def model_config_from_dict(data: Any, *, model: str, version: str) -> ModelConfi
     layers = _layer_graph(ctx, data, backend, inputs, outputs)
     weights, encrypted, key_id = _weights(ctx, data, backend, layers)
     batching = data.get("dynamic_batching")
+    qos = _qos(ctx, data["qos"]) if data.get("qos") is not None else QoS()
+    _check_secondary(ctx, qos, outputs)
+    stateful = any(layer.op in STATEFUL_OPS for layer in layers)
+    idempotent = ctx.bool_("idempotent", data.get("idempotent", not stateful))
+    if idempotent and stateful:
+        ctx.fail("idempotent", "a graph with a stateful layer (count) cannot be idempotent")
     return ModelConfig(
         name=model,
         version=version,
@@ -388,7 +478,7 @@ def model_config_from_dict(data: Any, *, model: str, version: str) -> ModelConfi
         max_batch_size=mbs,
         dynamic_batching=_batching(ctx, batching, mbs) if "dynamic_batching" in data else None,
         priority=ctx.int_("priority", data.get("priority", 0)),
-        qos=_qos(ctx, data["qos"]) if data.get("qos") is not None else QoS(),
+        qos=qos,
         memory_bytes=ctx.int_("memory_bytes", data.get("memory_bytes", 0), lo=0),
         fallback_version=_fallback(ctx, data.get("fallback_version"), version),
         weights=weights,
@@ -396,7 +486,34 @@ def model_config_from_dict(data: Any, *, model: str, version: str) -> ModelConfi
         key_id=key_id,
         layers=layers,
         instance_count=ctx.int_("instance_count", data.get("instance_count", 1), lo=1),
+        idempotent=idempotent,
+        max_ongoing_requests=ctx.int_(
+            "max_ongoing_requests", data.get("max_ongoing_requests", DEFAULT_MAX_ONGOING_REQUESTS), lo=1
+        ),
     )
+
+
+def layer_reads(layers: tuple[Layer, ...] | list[Layer], input_name: str) -> tuple[int, ...]:
+    """The index of the layer each layer of a checked graph reads (-1: the model input)."""
+    names: dict[str, int] = {input_name: -1}
+    out, prev = [], -1
+    for i, layer in enumerate(layers):
+        if layer.source is not None:
+            prev = names[layer.source]
+        out.append(prev)
+        if layer.name is not None:
+            names[layer.name] = i
+        prev = i
+    return tuple(out)
+
+
+def _check_secondary(ctx: _Ctx, qos: QoS, outputs: tuple[TensorSpec, ...]) -> None:
+    names = [o.name for o in outputs]
+    for i, feature in enumerate(qos.secondary_features):
+        if feature not in names:
+            ctx.fail(f"qos.secondary_features[{i}]", f"{feature!r} is not one of the outputs {names}")
+    if qos.secondary_features and set(names) <= set(qos.secondary_features):
+        ctx.fail("qos.secondary_features", "at least one output must stay primary")
 
 
 def parse_model_yaml(text: str, *, model: str, version: str) -> ModelConfig:

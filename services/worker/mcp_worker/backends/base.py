@@ -60,14 +60,15 @@ class Backend(abc.ABC):
         return True, ""
 
     def infer(
-        self, inputs: Mapping[str, np.ndarray], *, secondary_features: bool = True
+        self, inputs: Mapping[str, np.ndarray], *, skip: frozenset[str] = frozenset()
     ) -> dict[str, np.ndarray]:
-        """Run one batch. ``secondary_features=False`` is breaker level 2: skip what qos lists as optional."""
+        """Run one batch; ``skip`` names secondary outputs not to compute (breaker level 2 drops them,
+        DESIGN.md 7): the result has every other output."""
         if self._closed:
             raise FailedPrecondition(f"{self._where} is closed")
         self.check_inputs(inputs)
         try:
-            return self._run(inputs, secondary_features=secondary_features)
+            return self._run(inputs, skip=skip)
         except MCPError:
             raise
         except Exception as err:
@@ -126,8 +127,9 @@ class Backend(abc.ABC):
         return int(array.shape[0])
 
     @abc.abstractmethod
-    def _run(self, inputs: Mapping[str, np.ndarray], *, secondary_features: bool) -> dict[str, np.ndarray]:
-        """Execute on checked inputs. Must be safe to call from several threads at once."""
+    def _run(self, inputs: Mapping[str, np.ndarray], *, skip: frozenset[str]) -> dict[str, np.ndarray]:
+        """Execute on checked inputs, leaving out the outputs in ``skip``. Must be safe to call from several
+        threads at once."""
 
     @abc.abstractmethod
     def _release(self) -> None:

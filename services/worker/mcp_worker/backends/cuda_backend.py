@@ -48,7 +48,7 @@ from mcp_worker.backends.numpy_backend import (
     softmax,
 )
 from mcpcore.errors import FailedPrecondition, Internal, InvalidArgument, MCPError, ResourceExhausted
-from mcpcore.modelspec import ModelConfig
+from mcpcore.modelspec import ModelConfig, layer_reads
 
 __all__ = ["KERNELS", "ROW_THREADS", "TILE", "CudaBackend", "Op", "plan_layers"]
 
@@ -92,7 +92,15 @@ class Op:
 def plan_layers(config: ModelConfig, weights: bytes | None, where: str) -> tuple[Op, ...]:
     """The launches for ``config``'s layer graph, checked exactly as the numpy backend checks it, in FP32."""
     if not config.layers or len(config.inputs) != 1 or len(config.outputs) != 1:
-        raise InvalidArgument(f"{where}: needs a layer graph with one input and one output")
+        raise InvalidArgument(
+            f"{where}: the cuda backend runs a chain of layers with one input and one output; this model "
+            f"has {len(config.outputs)} outputs: serve it with backend numpy"
+        )
+    reads = layer_reads(config.layers, config.inputs[0].name)
+    if any(r != i - 1 for i, r in enumerate(reads)):
+        raise InvalidArgument(
+            f"{where}: the cuda backend runs a chain of layers; this graph branches ('from')"
+        )
     for kind, spec in (("input", config.inputs[0]), ("output", config.outputs[0])):
         if spec.dtype != "FP32":
             raise InvalidArgument(
@@ -102,7 +110,7 @@ def plan_layers(config: ModelConfig, weights: bytes | None, where: str) -> tuple
     dim = config.inputs[0].shape[-1]
     tensors = _Tensors(weights, np.dtype(np.float32), where, config.layers)
     ops: list[Op] = []
-    for step in _compile(config.layers, tensors, dim):
+    for step in _compile(config.layers, tensors, dim, reads):
         func, kw = (step.func, step.keywords) if isinstance(step, partial) else (step, {})
         if func is dense:
             w = kw["weight"]
@@ -286,7 +294,7 @@ class CudaBackend(Backend):
             self._registered.append((start, start + registered.nbytes, registered))
         return registered
 
-    def _run(self, inputs: Mapping[str, np.ndarray], *, secondary_features: bool) -> dict[str, np.ndarray]:
+    def _run(self, inputs: Mapping[str, np.ndarray], *, skip: frozenset[str]) -> dict[str, np.ndarray]:
         x = inputs[self._input]
         out_shape = (*x.shape[:-1], self._out_dim)
         rows = x.size // self._in_dim

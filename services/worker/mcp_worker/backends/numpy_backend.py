@@ -11,19 +11,25 @@ Layouts and formulas (the cuda backend must match them):
 - ``layernorm``: over the last axis, ``(x - mean) / sqrt(var + eps) * weight + bias`` with the population
   variance, ``eps`` 1e-5 unless the layer sets it, ``weight``/``bias`` ``[dim]`` and both optional.
 - ``sleep``: waits ``ms`` milliseconds and passes ``x`` through (the deliberately slow demo model).
+- ``count``: the stateful op of the non-idempotent demo model: row ``i`` of a batch gets
+  ``counter + i + 1`` and the counter grows by the batch's rows (one counter per loaded model, so per
+  worker); the last dim becomes 1.
 
 Invariants:
 - Everything is checked at load: every tensor a layer names exists, is floating point and has the shape
   the layer needs (``InvalidArgument`` naming the layer and tensor); unreadable bytes are ``DataLoss``.
 - Weights are converted once at load to contiguous, read-only arrays of the input's dtype, copied out of
   the file's buffer, and computation stays in that dtype (FP32 for the demo models). Nothing mutates
-  after load, so concurrent ``infer`` calls are safe.
-- The layer graph has no optional parts: ``secondary_features`` changes nothing here.
+  after load but the ``count`` op's counter (under a lock), so concurrent ``infer`` calls are safe.
+- A run computes only the layers the wanted outputs need: outputs in ``skip`` (breaker level 2 drops the
+  model's secondary features) cost nothing. ``on_work`` (if set) gets the multiply-accumulates each run's
+  dense layers did, so the work a breaker saves is measured.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -34,9 +40,9 @@ import safetensors.numpy
 from mcp_worker.backends.base import Backend, short_error
 from mcpcore import dtypes
 from mcpcore.errors import DataLoss, FailedPrecondition, InvalidArgument
-from mcpcore.modelspec import Layer, ModelConfig
+from mcpcore.modelspec import Layer, ModelConfig, layer_reads
 
-__all__ = ["LAYERNORM_EPS", "NumpyBackend", "dense", "gelu", "layernorm", "relu", "softmax"]
+__all__ = ["LAYERNORM_EPS", "Counter", "NumpyBackend", "dense", "gelu", "layernorm", "relu", "softmax"]
 
 LAYERNORM_EPS = 1e-5
 _GELU_C = math.sqrt(2.0 / math.pi)
@@ -89,6 +95,21 @@ def _sleep(x: np.ndarray, seconds: float) -> np.ndarray:
     return x
 
 
+class Counter:
+    """The ``count`` op: numbers the rows it sees, across batches (the demo's non-idempotent state)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.value = 0
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        rows = x.shape[0] if x.ndim else 1
+        with self._lock:
+            first, self.value = self.value, self.value + rows
+        out = np.arange(first + 1, first + rows + 1, dtype=x.dtype)
+        return out.reshape((*x.shape[:-1], 1)) if x.ndim else out
+
+
 _PLAIN: dict[str, Step] = {"relu": relu, "gelu": gelu, "softmax": softmax}
 
 
@@ -96,32 +117,59 @@ _PLAIN: dict[str, Step] = {"relu": relu, "gelu": gelu, "softmax": softmax}
 
 
 class NumpyBackend(Backend):
-    """A layer graph (one input, one output) run op by op with numpy."""
+    """A layer graph (one input, one or more outputs) run op by op with numpy."""
 
     name = "numpy"
 
     def __init__(self, config: ModelConfig, weights: bytes | None) -> None:
         super().__init__(config, weights)
-        if not config.layers or len(config.inputs) != 1 or len(config.outputs) != 1:
-            raise InvalidArgument(f"{self._where}: needs a layer graph with one input and one output")
-        src, dst = config.inputs[0], config.outputs[0]
-        self._input, self._output = src.name, dst.name
-        self._out_dtype = dtypes.numpy_dtype(dst.dtype)
+        if not config.layers or len(config.inputs) != 1:
+            raise InvalidArgument(f"{self._where}: needs a layer graph with one input")
+        src = config.inputs[0]
+        self._input = src.name
+        self._out_dtypes = {o.name: dtypes.numpy_dtype(o.dtype) for o in config.outputs}
         tensors = _Tensors(weights, self._dtypes[src.name], self._where, config.layers)
-        self._steps = tuple(_compile(config.layers, tensors, src.shape[-1]))
+        self._reads = layer_reads(config.layers, src.name)
+        self._steps = tuple(_compile(config.layers, tensors, src.shape[-1], self._reads))
+        self._plans: dict[frozenset[str], tuple[int, ...]] = {}
         self.memory_bytes = tensors.held_bytes
+        self.on_work: Callable[[int], None] | None = None
 
-    def _run(self, inputs: Mapping[str, np.ndarray], *, secondary_features: bool) -> dict[str, np.ndarray]:
+    def _run(self, inputs: Mapping[str, np.ndarray], *, skip: frozenset[str]) -> dict[str, np.ndarray]:
         steps = self._steps  # one read: a concurrent close leaves this run its steps, or none at all
         if not steps:
             raise FailedPrecondition(f"{self._where} is closed")
         x = inputs[self._input]
-        y = x
-        for step in steps:
-            y = step(y)
-        if y is x:  # a graph of sleeps only: never hand the caller's buffer back as the output
-            y = x.copy()
-        return {self._output: y.astype(self._out_dtype, copy=False)}
+        results: dict[int, np.ndarray] = {}
+        outputs: dict[str, np.ndarray] = {}
+        macs = 0
+        for i in self._plan(skip):
+            layer, step = self.config.layers[i], steps[i]
+            arg = x if self._reads[i] < 0 else results[self._reads[i]]
+            y = step(arg)
+            if layer.op == "dense":
+                macs += (arg.size // max(1, arg.shape[-1])) * (layer.in_dim or 0) * (layer.out_dim or 0)
+            results[i] = y
+            if layer.output is not None:
+                if y is x:  # a graph of sleeps only: never hand the caller's buffer back as the output
+                    y = x.copy()
+                outputs[layer.output] = y.astype(self._out_dtypes[layer.output], copy=False)
+        if self.on_work is not None and macs:
+            self.on_work(macs)
+        return outputs
+
+    def _plan(self, skip: frozenset[str]) -> tuple[int, ...]:
+        """The layers the outputs not in ``skip`` need, in order (cached per ``skip``)."""
+        plan = self._plans.get(skip)
+        if plan is None:
+            need = {
+                i for i, layer in enumerate(self.config.layers) if layer.output and layer.output not in skip
+            }
+            for i in range(len(self.config.layers) - 1, -1, -1):
+                if i in need and self._reads[i] >= 0:
+                    need.add(self._reads[i])
+            plan = self._plans[skip] = tuple(sorted(need))
+        return plan
 
     def _release(self) -> None:
         self._steps = ()
@@ -174,11 +222,14 @@ class _Tensors:
         return array
 
 
-def _compile(layers: Sequence[Layer], tensors: _Tensors, dim: int) -> list[Step]:
-    """One step per layer with its weights bound; ``dim`` is the incoming last dim."""
+def _compile(layers: Sequence[Layer], tensors: _Tensors, input_dim: int, reads: Sequence[int]) -> list[Step]:
+    """One step per layer with its weights bound; ``input_dim`` is the model input's last dim, ``reads``
+    what each layer reads (``modelspec.layer_reads``)."""
     steps: list[Step] = []
+    dims: list[int] = []
     for i, layer in enumerate(layers):
         at = f"layers[{i}] ({layer.op})"
+        dim = input_dim if reads[i] < 0 else dims[reads[i]]
         if layer.op == "dense":
             assert layer.weight is not None and layer.in_dim is not None and layer.out_dim is not None
             layout = "dense weights are [in, out]: y = x @ W + b"
@@ -194,8 +245,12 @@ def _compile(layers: Sequence[Layer], tensors: _Tensors, dim: int) -> list[Step]
             steps.append(partial(layernorm, weight=w, bias=b, eps=eps))
         elif layer.op == "sleep":
             steps.append(partial(_sleep, seconds=(layer.ms or 0.0) / 1000.0))
+        elif layer.op == "count":
+            steps.append(Counter())
+            dim = 1
         elif layer.op in _PLAIN:
             steps.append(_PLAIN[layer.op])
         else:
             raise InvalidArgument(f"{tensors.where}: {at}: the numpy backend has no op {layer.op!r}")
+        dims.append(dim)
     return steps

@@ -12,10 +12,15 @@ Invariants:
 - ``InferenceSession.run`` is thread-safe, so one session serves concurrent ``infer`` calls. Threads per
   run default to one: the worker runs several models and batches side by side, and each already has its
   own executor thread.
+- onnxruntime runs every node of a graph whatever outputs are fetched (measured: fetching one output of
+  two costs the same), so a model with ``qos.secondary_features`` gets a second session at load, built
+  from the graph pruned to its primary outputs (``onnx.utils.Extractor``, in memory): breaker level 2
+  then skips the secondary work for real. Its bytes count in ``memory_bytes``.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,6 +31,8 @@ from mcpcore.errors import DataLoss, FailedPrecondition, InvalidArgument
 from mcpcore.modelspec import ModelConfig, TensorSpec
 
 try:
+    import onnx
+    import onnx.utils
     import onnxruntime as ort
 except ImportError as _err:  # the worker still serves layer-graph models without it
     ort = None
@@ -70,6 +77,12 @@ class OnnxBackend(Backend):
         self._check_signature()
         self._outputs = [spec.name for spec in config.outputs]
         self.memory_bytes = len(weights)
+        self._pruned: dict[frozenset[str], Any] = {}  # skipped outputs -> a session without their nodes
+        self._threads = intra_op_num_threads
+        self._bytes = bytes(weights) if config.qos.secondary_features else b""
+        self._lock = threading.Lock()
+        if config.qos.secondary_features:  # the one breaker level 2 uses with the default policy
+            self._session_for(frozenset(config.qos.secondary_features))
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
@@ -79,16 +92,38 @@ class OnnxBackend(Backend):
             return False, f"onnxruntime has no {_PROVIDER} (has {ort.get_available_providers()})"
         return True, ""
 
-    def _run(self, inputs: Mapping[str, np.ndarray], *, secondary_features: bool) -> dict[str, np.ndarray]:
+    def _run(self, inputs: Mapping[str, np.ndarray], *, skip: frozenset[str]) -> dict[str, np.ndarray]:
         session = self._session  # a local reference: a concurrent close cannot pull it away mid-run
         if session is None:
             raise FailedPrecondition(f"{self._where} is closed")
         feed = {name: np.ascontiguousarray(array) for name, array in inputs.items()}
-        results = session.run(self._outputs, feed)
-        return dict(zip(self._outputs, results, strict=True))
+        skip = skip & frozenset(self.config.qos.secondary_features)
+        if skip:
+            session = self._session_for(skip)
+        wanted = [name for name in self._outputs if name not in skip]
+        results = session.run(wanted, feed)
+        return dict(zip(wanted, results, strict=True))
+
+    def _session_for(self, skip: frozenset[str]) -> Any:
+        """The session of the graph pruned to the outputs not in ``skip`` (built once per ``skip``)."""
+        pruned = self._pruned.get(skip)
+        if pruned is not None:
+            return pruned
+        with self._lock:
+            pruned = self._pruned.get(skip)
+            if pruned is None:
+                keep = [name for name in self._outputs if name not in skip]
+                model = onnx.load_model_from_string(self._bytes)
+                inputs = [spec.name for spec in self.config.inputs]
+                small = onnx.utils.Extractor(model).extract_model(inputs, keep).SerializeToString()
+                pruned = self._pruned[skip] = _session(small, self._threads, self._where)
+                self.memory_bytes += len(small)
+        return pruned
 
     def _release(self) -> None:
         self._session = None
+        self._pruned.clear()
+        self._bytes = b""
 
     def _check_signature(self) -> None:
         model_in = {arg.name: arg for arg in self._session.get_inputs()}
