@@ -135,7 +135,14 @@ class RouterProcess(ServiceProcess):
 
     def __init__(self, tmp: Path, etcd_endpoint: str, *, prefix: str, **flags: Any) -> None:
         self.router_id = flags.pop("router_id", f"r-{uuid.uuid4().hex[:8]}")
-        flags = {"router_id": self.router_id, "grpc_port": 0, "metrics_port": 0, **flags}
+        # a short notice period on SIGTERM: the tests' clients do not need one (test_delivery's do)
+        flags = {
+            "router_id": self.router_id,
+            "grpc_port": 0,
+            "metrics_port": 0,
+            "shutdown_delay_s": 0.1,
+            **flags,
+        }
         super().__init__(tmp, etcd_endpoint, prefix=prefix, name=self.router_id, **flags)
 
     def channel(self) -> grpc.Channel:
@@ -171,10 +178,11 @@ class TensorClient:
             self.sock.curve_secretkey = secret
         self.sock.connect(endpoint)
         self._n = 0
+        self._prefix = uuid.uuid4().hex[:6]
 
     def send(self, model: str, inputs: dict[str, np.ndarray], *, version: str = "", **fields: Any) -> str:
         self._n += 1
-        rid = fields.pop("request_id", f"r{self._n}")
+        rid = fields.pop("request_id", f"{self._prefix}-{self._n}")  # unique, as a router's are
         header = tensor_pb2.TensorHeader(
             kind=tensor_pb2.KIND_REQUEST, request_id=rid, model=model, version=version, **fields
         )

@@ -30,7 +30,6 @@ from mcpapi.v2 import model_pb2, tensor_pb2, worker_pb2
 from mcpcore import crypto, wire
 from mcpcore.errors import (
     InvalidArgument,
-    NotFound,
     ResourceExhausted,
     Unavailable,
 )
@@ -140,15 +139,19 @@ def test_load_infer_pause_resume_unload(worker, control, client, repo, etcd_endp
     record = replica(etcd_endpoint, prefix, "demo-mlp", worker.worker_id)
     assert record["state"] == "IDLE"
     assert [t["to"] for t in record["transitions"]][-3:] == ["RUNNING", "UNLOADING", "IDLE"]
-    with pytest.raises(NotFound, match="demo-mlp"):
-        client.infer("demo-mlp", {"INPUT0": X})
+    client.send("demo-mlp", {"INPUT0": X})
+    reply = client.recv().header  # not held here: not started, so a router may send it elsewhere
+    assert reply.status_code == Unavailable.code.value[0] and reply.flags & wire.FLAG_RETRYABLE
+    assert "demo-mlp" in reply.status_message
 
 
 def test_onnx_model_matches_onnxruntime_run_directly(control, client, repo):
     load_and_run(control, "demo-onnx")
     path = str(repo / "demo-onnx" / "1" / "model.onnx")
-    (expected,) = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"INPUT0": X})
-    out = client.infer("demo-onnx", {"INPUT0": X}).tensors[0]
+    (expected,) = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(
+        ["OUTPUT0"], {"INPUT0": X}
+    )
+    out = client.infer("demo-onnx", {"INPUT0": X}).named()["OUTPUT0"]
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
 
 
@@ -178,7 +181,7 @@ def test_64_concurrent_requests_are_batched_and_exact(worker, control, client, r
 @pytest.mark.parametrize(
     ("model", "inputs", "error", "match"),
     [
-        ("no-such-model", {"INPUT0": X}, NotFound, "no-such-model"),
+        ("no-such-model", {"INPUT0": X}, Unavailable, "no-such-model"),
         ("demo-mlp", {"INPUT0": X.astype(np.float64)}, InvalidArgument, "expected dtype FP32, got FP64"),
         ("demo-mlp", {"INPUT0": X[:, :63]}, InvalidArgument, r"expected shape \[-1, 64\], got \[5, 63\]"),
         ("demo-mlp", {"WRONG": X}, InvalidArgument, "missing"),
@@ -192,6 +195,9 @@ def test_bad_requests_get_clear_errors_and_the_worker_goes_on(control, client, m
     with pytest.raises(error, match=match):
         client.infer(model, inputs)
     client.infer("demo-mlp", {"INPUT0": X})
+    # only what another worker could serve is marked "not started": bad input fails the same anywhere
+    client.send(model, inputs)
+    assert bool(client.recv().header.flags & wire.FLAG_RETRYABLE) == (error is Unavailable)
 
 
 def test_malformed_frames_get_error_replies(control, client):

@@ -4,7 +4,7 @@ import pytest
 
 from mcp_worker.batch_policy import BatchConfig, BatchPolicy, Request
 from mcpcore.errors import InvalidArgument
-from mcpcore.modelspec import DynamicBatching, ModelConfig, TensorSpec
+from mcpcore.modelspec import DEFAULT_MAX_QUEUE_SIZE, DynamicBatching, ModelConfig, TensorSpec
 
 A, B = ("INPUT0", "<f4", (64,)), ("INPUT0", "<f4", (32,))
 
@@ -177,7 +177,8 @@ def test_batch_config_from_model_yaml_values():
     assert cfg == BatchConfig(64, 0.0005, (16, 32), 2, 2, 0.01, 100)
     assert cfg.batched
     plain = BatchConfig.from_model_config(_model())
-    assert plain == BatchConfig(max_batch_size=0) and not plain.batched
+    # a bounded queue even where model.yaml says nothing (DEFAULT_MAX_QUEUE_SIZE)
+    assert plain == BatchConfig(max_batch_size=0, max_queue_size=DEFAULT_MAX_QUEUE_SIZE) and not plain.batched
     p = BatchPolicy.for_config(plain)
     assert p.max_batch_size == 1
 

@@ -149,15 +149,18 @@ async def test_priority_levels_are_served_in_order(make):
         await q.submit("x", row(0), priority=-1)
 
 
-async def test_full_queue_is_resource_exhausted(make):
+async def test_full_queue_is_unavailable_not_started_as_triton_says(make):
     gate = Gate()
     d = make()
     q = d.add_model("m/1", cfg(1, max_queue_size=2), Model(gate=gate), SHARE)
     first = await blocked(d, q, gate)
     tasks = [asyncio.create_task(q.submit(f"r{i}", row(i))) for i in range(2)]
     await settle()
-    with pytest.raises(ResourceExhausted, match=r"queue of model m/1 is full \(max_queue_size 2"):
+    with pytest.raises(
+        Unavailable, match=r"exceeds maximum queue size: the queue of model m/1 holds 2"
+    ) as info:
         await q.submit("r2", row(2))
+    assert info.value.not_started  # a router may send it to another replica
     gate.open()
     await asyncio.gather(first, *tasks)
 

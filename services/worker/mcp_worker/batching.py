@@ -11,6 +11,12 @@ Invariants:
 - Every admitted request is answered exactly once: its rows of the batch outputs, or an ``MCPError``
   (the batch failed, its queue deadline passed, an emergency stop or shutdown). A cancelled submit leaves
   the queue at once; if its batch already runs, its rows are dropped.
+- A request waits in the queue at most ``min(queue timeout of the model, its own deadline)``; one whose
+  time ran out is dropped before it runs, counted, and answered not started, as is every refusal at
+  admission (paused, unloading, stopped, queue full: "exceeds maximum queue size") and every request an
+  emergency stop or shutdown answers while queued. Errors of a batch that ran are not marked.
+- ``on_execute(key, request_ids)`` is called as a batch starts: the worker counts executions there.
+- Requests that skip secondary outputs (breaker level 2) batch only with each other.
 - A model is forgotten only once its queued and in-flight requests are done (``remove_model``), so an
   unload never fails a request that was admitted.
 
@@ -41,9 +47,9 @@ from mcpcore.errors import (
     Internal,
     InvalidArgument,
     MCPError,
-    ResourceExhausted,
     Unavailable,
     error_class,
+    not_started,
 )
 
 __all__ = ["BatchConfig", "BatchMetrics", "Dispatcher", "ModelQueue", "QueueStats", "RunBatch"]
@@ -82,6 +88,9 @@ class BatchMetrics(Protocol):
     batch_utilization: Any  # histogram: rows / max_batch_size (mcp_batch_utilization_ratio)
     queue_depth: Any  # gauge (mcp_queue_depth)
     queue_delay: Any  # histogram: seconds queued (mcp_queue_delay_seconds)
+    deadline_dropped: (
+        Any  # counter: requests dropped unrun, their time out (mcp_worker_deadline_dropped_total)
+    )
 
 
 class _BoundMetrics:
@@ -96,6 +105,7 @@ class _BoundMetrics:
         self.batch_utilization = child("batch_utilization")
         self.queue_depth = child("queue_depth")
         self.queue_delay = child("queue_delay")
+        self.deadline_dropped = child("deadline_dropped")
 
     def observe_batch(self, waits: list[float], rows: int, max_batch_size: int) -> None:
         if self.queue_delay is not None:
@@ -110,6 +120,10 @@ class _BoundMetrics:
         if self.queue_depth is not None:
             self.queue_depth.set(depth)
 
+    def count_dropped(self, n: int) -> None:
+        if self.deadline_dropped is not None and n:
+            self.deadline_dropped.inc(n)
+
 
 @dataclass(eq=False, slots=True, kw_only=True)
 class _Pending(Request):
@@ -119,6 +133,7 @@ class _Pending(Request):
     inputs: Tensors | None
     future: asyncio.Future[Tensors]
     timeout_s: float | None
+    skip: frozenset[str] = frozenset()
 
 
 def _answer(req: _Pending, result: Tensors | BaseException) -> None:
@@ -176,14 +191,22 @@ class ModelQueue:
         *,
         priority: int | None = None,
         timeout_s: float | None = None,
+        skip: frozenset[str] = frozenset(),
     ) -> Tensors:
         """Queue one request and wait for its outputs. ``priority`` is a level (1 is served first; default
-        from the config); ``timeout_s`` is how long it may wait in the queue (default from the config)."""
+        from the config); ``timeout_s`` is the time the request has left (its deadline): it waits in the
+        queue at most that, or the model's queue timeout when shorter. ``skip``: outputs not to compute."""
         level = self._admit(priority)
         rows, shape_key = self._describe(inputs)
-        timeout = self.config.default_queue_timeout_s if timeout_s is None else timeout_s
+        policy = self.config.default_queue_timeout_s
+        timeout = policy if timeout_s is None else timeout_s if policy is None else min(policy, timeout_s)
+        if skip:
+            shape_key = (shape_key, skip)
         if timeout is not None and timeout <= 0:
-            raise DeadlineExceeded(f"request {request_id} reached the queue of {self.key} past its deadline")
+            self._metrics.count_dropped(1)
+            raise not_started(
+                DeadlineExceeded(f"request {request_id} reached the queue of {self.key} past its deadline")
+            )
         now = self._dispatcher.clock()
         deadline = None if timeout is None else now + timeout
         future: asyncio.Future[Tensors] = asyncio.get_running_loop().create_future()
@@ -197,6 +220,7 @@ class ModelQueue:
             inputs=dict(inputs),
             future=future,
             timeout_s=timeout,
+            skip=skip,
         )
         self.policy.push(req)
         self._requests_total += 1
@@ -213,11 +237,11 @@ class ModelQueue:
     def _admit(self, priority: int | None) -> int:
         """The request's priority level, if this queue admits it now."""
         if self._dispatcher.stop_reason is not None:
-            raise Unavailable(f"{self._dispatcher.stop_reason}; retry on another worker")
+            raise not_started(Unavailable(f"{self._dispatcher.stop_reason}; retry on another worker"))
         if self.closing:
-            raise Unavailable(f"model {self.key} is being unloaded; retry on another replica")
+            raise not_started(Unavailable(f"model {self.key} is being unloaded; retry on another replica"))
         if self._paused:
-            raise Unavailable(f"model {self.key} is paused; retry later or on another replica")
+            raise not_started(Unavailable(f"model {self.key} is paused; retry later or on another replica"))
         levels = self.config.priority_levels
         # Triton's convention: 0 (or none) is the default level, 1 the highest; a level past the
         # configured ones is served at the lowest, so clients written for other models keep working
@@ -228,9 +252,11 @@ class ModelQueue:
             )
         limit = self.config.max_queue_size
         if limit and len(self.policy) >= limit:
-            raise ResourceExhausted(
-                f"the queue of model {self.key} is full (max_queue_size {limit} requests); "
-                "retry later or on another replica"
+            raise not_started(
+                Unavailable(
+                    f"exceeds maximum queue size: the queue of model {self.key} holds {limit} requests "
+                    "(max_queue_size); retry later or on another replica"
+                )
             )
         return level
 
@@ -291,14 +317,18 @@ class ModelQueue:
     # --- the dispatcher's side (on the event loop, except ``work``) -----------------------------------
 
     def expire(self, now: float) -> None:
-        for req in self.policy.expire(now):
+        expired = self.policy.expire(now)
+        for req in expired:
             assert isinstance(req, _Pending)
             waited, limit = _ms(now - req.arrival), _ms(req.timeout_s or 0.0)
-            where = f"in the queue of {self.key}, over its {limit} timeout"
-            _answer(req, DeadlineExceeded(f"request {req.request_id} waited {waited} {where}"))
+            where = f"in the queue of {self.key}, over its {limit} timeout; it did not run"
+            _answer(req, not_started(DeadlineExceeded(f"request {req.request_id} waited {waited} {where}")))
+        self._metrics.count_dropped(len(expired))
         self._left()
 
     def fail_queued(self, error: MCPError) -> list[str]:
+        """Answer every queued request ``error`` (marked not started: none of them ran)."""
+        not_started(error)
         reqs = cast(list[_Pending], self.policy.clear())
         for req in reqs:
             _answer(req, error)
@@ -322,22 +352,26 @@ class ModelQueue:
     def work(self, batch: list[_Pending]) -> list[Tensors]:
         """Runs in the executor: concatenate along axis 0, run, split the outputs back by rows."""
         inputs = cast(list[Tensors], [r.inputs for r in batch])
+        skip = batch[0].skip  # a batch shares it (it is part of the shape key)
+        run: Callable[[Tensors], Any] = (
+            (lambda x: self._run_batch(x, skip=skip)) if skip else self._run_batch  # type: ignore[call-arg]
+        )
         if not self.config.batched:
-            return _split(self._run_batch(inputs[0]), None, self.key)
+            return _split(run(inputs[0]), None, self.key)
         rows = [r.rows for r in batch]
         if len(batch) == 1:
-            return _split(self._run_batch(inputs[0]), rows, self.key)
+            return _split(run(inputs[0]), rows, self.key)
         buffers = self._dispatcher.buffers
         if buffers is None:
             merged = {n: np.concatenate([x[n] for x in inputs]) for n in inputs[0]}
-            return _split(self._run_batch(merged), rows, self.key)
+            return _split(run(merged), rows, self.key)
         leases = []
         try:  # batch assembly in pool blocks: no fresh pages per batch
             merged = {}
             for name in inputs[0]:
                 merged[name], lease = buffers.concatenate([x[name] for x in inputs])
                 leases.append(lease)
-            outputs = self._run_batch(merged)
+            outputs = run(merged)
             if isinstance(outputs, Mapping):  # an output that views an input must outlive the blocks
                 outputs = {
                     n: a.copy() if any(np.may_share_memory(a, m) for m in merged.values()) else a
@@ -378,11 +412,13 @@ class Dispatcher:
         load_probe: Callable[[], float] | None = None,
         metrics: BatchMetrics | None = None,
         buffers: BatchBuffers | None = None,
+        on_execute: Callable[[str, list[str]], None] | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         self.slots, self.clock = slots, clock
         self.buffers = buffers  # pool-backed batch assembly (None: numpy)
+        self.on_execute = on_execute
         self._own_executor = executor is None
         self._executor = executor or concurrent.futures.ThreadPoolExecutor(slots, "mcp-batch")
         self._load_probe, self._metrics = load_probe, metrics
@@ -516,6 +552,11 @@ class Dispatcher:
         return self._stride.pick(ready, dict(zip(ready, weights, strict=True)))
 
     def _start(self, queue: ModelQueue, batch: list[_Pending], now: float) -> None:
+        if self.on_execute is not None:
+            try:
+                self.on_execute(queue.key, [r.request_id for r in batch])
+            except Exception:
+                log.exception("batch dispatcher: on_execute failed; the batch runs")
         self._busy += 1
         batch_id = next(self._batch_ids)
         self._running[batch_id] = batch

@@ -45,6 +45,22 @@ class WorkerConfig:
     memory_capacity_bytes: int = 8 << 30
     #: Batches executing at once (threads running model code).
     exec_slots: int = 2
+    #: This worker's share of traffic relative to others (routers weight its virtual nodes by it).
+    capacity: float = 1.0
+    #: Admission: requests, and bytes of their tensors, held at once; past them a request is refused at
+    #: once ("exceeds maximum queue size", not started), shared fairly between models.
+    max_in_flight_requests: int = 1024
+    max_in_flight_bytes: int = 512 << 20
+    #: Graceful stop (SIGTERM): how long admitted work may take to finish before what is still queued is
+    #: answered "not started".
+    drain_timeout_s: float = 10.0
+    #: ZeroMQ heartbeats: a peer silent this long is dropped (a dead or frozen router).
+    zmq_heartbeat_s: float = 1.0
+    zmq_heartbeat_timeout_s: float = 3.0
+    #: Executions: recent request ids kept to catch a request run twice, and an optional journal file of
+    #: every execution (tests and benchmarks count duplicates across workers from it).
+    dedup_window: int = 65536
+    execution_log: str = ""
     #: Size limits for one ZeroMQ message.
     max_tensor_bytes: int = 16 << 20
     max_message_bytes: int = 64 << 20
@@ -71,6 +87,19 @@ class WorkerConfig:
             raise ValueError(f"exec_slots: must be >= 1, got {self.exec_slots}")
         if self.memory_capacity_bytes <= 0:
             raise ValueError(f"memory_capacity_bytes: must be > 0, got {self.memory_capacity_bytes}")
+        if not self.capacity > 0:
+            raise ValueError(f"capacity: must be > 0, got {self.capacity}")
+        if self.max_in_flight_requests < 1 or self.max_in_flight_bytes < self.max_message_bytes:
+            raise ValueError(
+                "max_in_flight_requests: must be >= 1, and max_in_flight_bytes at least max_message_bytes "
+                f"({self.max_message_bytes})"
+            )
+        if self.drain_timeout_s < 0:
+            raise ValueError(f"drain_timeout_s: must be >= 0, got {self.drain_timeout_s}")
+        if not 0 < self.zmq_heartbeat_s < self.zmq_heartbeat_timeout_s:
+            raise ValueError("zmq_heartbeat_timeout_s: must be above zmq_heartbeat_s (both > 0)")
+        if self.dedup_window < 1:
+            raise ValueError(f"dedup_window: must be >= 1, got {self.dedup_window}")
         for label in self.labels:
             if "=" not in label:
                 raise ValueError(f"labels: {label!r} must look like key=value")

@@ -8,7 +8,10 @@ Invariants:
   that does not fit raises ``ResourceExhausted`` and loads nothing.
 - Unload waits for the requests already admitted for that replica (the dispatcher's reference count), so
   a load and an unload can never race into "model unavailable" for an admitted request.
-- The request path (``infer``) reads only local state: no etcd, no lock.
+- The request path (``infer``) reads only local state: no etcd, no lock. What it refuses before queueing
+  (stopped, not held here, not serving) is marked not started, so a router may send it elsewhere.
+- Every replica record carries the worker's incarnation (``set_info``): a record from an earlier process
+  under the same worker id is stale, and routers do not follow it.
 """
 
 from __future__ import annotations
@@ -31,9 +34,10 @@ from mcp_worker.batching import BatchConfig, Dispatcher, ModelQueue
 from mcp_worker.memory import MemoryBudget
 from mcp_worker.repository import ModelRepository
 from mcp_worker.sharing import ModelShare
-from mcpcore.errors import FailedPrecondition, InvalidArgument, MCPError, NotFound, Unavailable
+from mcpcore.breaker import secondary_outputs_off
+from mcpcore.errors import FailedPrecondition, InvalidArgument, MCPError, NotFound, Unavailable, not_started
 from mcpcore.keys import ReplicaId, check_name, check_version
-from mcpcore.lifecycle import ReplicaLifecycle, ReplicaRecord, ReplicaState
+from mcpcore.lifecycle import ReplicaLifecycle, ReplicaRecord, ReplicaState, Resync
 from mcpcore.modelspec import ModelConfig, TensorSpec
 
 __all__ = ["LoadOverrides", "ModelManager", "Replica"]
@@ -88,6 +92,7 @@ class ModelManager:
         checkpoint_dir: Path,
         info: Mapping[str, Any] | None = None,
         on_state: Callable[[ReplicaId, ReplicaState | None], None] | None = None,
+        on_work: Callable[[str, int], None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.worker_id = worker_id
@@ -98,6 +103,7 @@ class ModelManager:
         self._checkpoint_dir = checkpoint_dir
         self._info = dict(info or {})
         self._on_state = on_state or (lambda rid, state: None)
+        self._on_work = on_work
         self._clock = clock
         self._replicas: dict[tuple[str, str], Replica] = {}
         self._loading: dict[tuple[str, str], asyncio.Task[Replica]] = {}
@@ -120,6 +126,15 @@ class ModelManager:
             raise NotFound(f"model {model} version {version} is not loaded on worker {self.worker_id}")
         return replica
 
+    def labels(self, model: str, version: str) -> tuple[str, str]:
+        """Metric labels for a request naming ``model``/``version``: only names held here, so a client
+        cannot mint label values ("_unknown" otherwise; an empty version is "_latest")."""
+        if not any(m == model for m, _ in self._replicas):
+            return "_unknown", "_unknown"
+        if not version:
+            return model, "_latest"
+        return (model, version) if (model, version) in self._replicas else (model, "_unknown")
+
     def resolve(self, model: str, version: str) -> Replica:
         """The replica a request goes to; an empty version means the newest one serving here."""
         if version:
@@ -140,14 +155,29 @@ class ModelManager:
         *,
         priority: int | None = None,
         timeout_s: float | None = None,
+        features_off: tuple[str, ...] | None = None,
     ) -> tuple[Replica, dict[str, np.ndarray]]:
+        """Run one request. ``features_off`` (breaker level 2): the policy's features to drop, () for all
+        of the model's secondary outputs; None keeps them."""
         if self.stopped is not None:
-            raise Unavailable(f"worker {self.worker_id} is stopped ({self.stopped}); retry on another worker")
-        replica = self.resolve(model, version)
+            raise not_started(
+                Unavailable(f"worker {self.worker_id} is stopped ({self.stopped}); retry on another worker")
+            )
+        try:
+            replica = self.resolve(model, version)
+        except NotFound as err:  # routed here from a stale table: another worker may hold it
+            raise not_started(Unavailable(err.message)) from None
         if replica.state not in SERVING and replica.state is not S.PAUSED:
-            raise Unavailable(f"model {replica.key} is {replica.state.value} on worker {self.worker_id}")
+            raise not_started(
+                Unavailable(f"model {replica.key} is {replica.state.value} on worker {self.worker_id}")
+            )
         replica.backend.check_inputs(inputs)
-        outputs = await replica.queue.submit(request_id, inputs, priority=priority, timeout_s=timeout_s)
+        skip = frozenset()
+        if features_off is not None:
+            skip = secondary_outputs_off(replica.config.qos.secondary_features, features_off)
+        outputs = await replica.queue.submit(
+            request_id, inputs, priority=priority, timeout_s=timeout_s, skip=skip
+        )
         return replica, outputs
 
     # -- control ---------------------------------------------------------------------------------------
@@ -185,6 +215,8 @@ class ModelManager:
         try:
             artifact = await loop.run_in_executor(None, self._repo.load, rid.model, rid.version)
             backend = await loop.run_in_executor(None, create_backend, artifact.config, artifact.weights)
+            if self._on_work is not None and hasattr(backend, "on_work"):
+                backend.on_work = lambda macs, model=rid.model: self._on_work(model, macs)  # type: ignore[misc]
             async with self._admission:
                 self.budget.reserve(name, max(config.memory_bytes, backend.memory_bytes))
             await loop.run_in_executor(None, backend.warmup)
@@ -212,6 +244,8 @@ class ModelManager:
                 platform=config.backend,
                 inputs=_signature(config.inputs),
                 outputs=_signature(config.outputs),
+                idempotent=config.idempotent,
+                max_ongoing_requests=config.max_ongoing_requests,
             )
         except BaseException:
             await self._discard(replica)
@@ -294,12 +328,32 @@ class ModelManager:
                 log.warning("could not record %s as ERROR: %s", replica.rid, exc)
         return {**checkpoint, "path": str(path)}
 
-    async def resync(self) -> None:
-        """Publish every held replica's real state again (after etcd was lost and came back)."""
-        for replica in self.replicas():
-            replica.record = await self._lifecycle.publish(
+    async def resync_ops(self) -> list[Resync]:
+        """The writes that make the records say what this process holds (at every registration): each held
+        replica's real state, and ERROR for a record under this worker id that it does not hold (left by
+        an earlier process under the same id, or from before etcd lost the worker). The registration
+        commits them in one transaction with the worker's record."""
+        writes = [
+            await self._lifecycle.resync_op(
                 replica.rid, replica.state, reason=replica.reason or "worker re-registered", info=self._info
             )
+            for replica in self.replicas()
+        ]
+        incarnation = self._info.get("incarnation")
+        for rid, record in await self._lifecycle.records_of(self.worker_id):
+            held = (rid.model, rid.version) in self._replicas or (rid.model, rid.version) in self._loading
+            if held or record.state in (S.ERROR, S.IDLE):
+                continue
+            reason = f"stale: worker {self.worker_id} (incarnation {incarnation}) does not hold it"
+            writes.append(await self._lifecycle.resync_op(rid, S.ERROR, reason=reason, info=self._info))
+        return writes
+
+    def resynced(self, writes: list[Resync], revision: int) -> None:
+        """The ``resync_ops`` writes were committed at ``revision``."""
+        for write in writes:
+            replica = self._replicas.get((write.rid.model, write.rid.version))
+            if replica is not None:
+                replica.record = replace(write.record, revision=revision)
 
     async def close(self) -> None:
         for replica in self.replicas():

@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +28,6 @@ __all__ = [
     "gpu_numa_node",
     "node_cpus",
     "normalize_pci_bus_id",
-    "nvidia_smi_pci_bus_id",
-    "nvidia_smi_query",
     "parse_cpulist",
     "pin_to_gpu_numa_node",
     "plan_pinning",
@@ -131,21 +128,6 @@ def pin_to_gpu_numa_node(
     set_affinity(0, plan.cpus)
     log.info("numa: pinned to %d CPUs (%s): %s", len(plan.cpus), _ranges(plan.cpus), plan.reason)
     return plan
-
-
-def nvidia_smi_query(index: int, field: str, *, timeout_s: float = 10.0) -> str | None:
-    """One ``nvidia-smi --query-gpu`` field of GPU ``index`` (needs no pycuda), or None without one."""
-    cmd = ["nvidia-smi", f"--id={index}", f"--query-gpu={field}", "--format=csv,noheader,nounits"]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.strip().splitlines()[0].strip() if out.strip() else None
-
-
-def nvidia_smi_pci_bus_id(index: int, *, timeout_s: float = 10.0) -> str | None:
-    """GPU ``index``'s PCI bus id from ``nvidia-smi``, or None without one."""
-    return nvidia_smi_query(index, "pci.bus_id", timeout_s=timeout_s)
 
 
 def _ranges(cpus: Iterable[int]) -> str:

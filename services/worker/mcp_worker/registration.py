@@ -3,11 +3,17 @@
 Invariants:
 - ``/mcp/workers/<id>`` and ``/mcp/workers/<id>/load`` live under one lease: when the worker dies, both
   vanish within the TTL.
+- The record carries the process's incarnation (a fresh id per start) and is written by compare: created
+  when absent, else taken over at the revision just read (a record left by an earlier process under the
+  same id, or by this one before its lease was lost). The worker record, its load report and the real
+  state of every replica it holds go in one transaction, so watchers see them come back together and
+  a decision planned from the records before it (a scheduler forgetting "a dead worker's" replicas)
+  fails its compare.
 - A load report goes out every ``interval``; the interval is kept at least 3x the mean inference time
   (DESIGN.md section 8: a heartbeat must not be starved by one long inference): when measured inference
   gets slower, the interval is raised, with a warning.
 - Losing etcd never stops serving. When the lease is lost (expired while etcd was away, or revoked), the
-  loop grants a new one, writes both keys again and re-publishes the real state of every replica held.
+  loop registers again as soon as etcd answers, with the replicas it really holds.
 - The loop never dies: each failure is logged, counted, and retried after a backoff.
 """
 
@@ -22,13 +28,16 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from mcpcore.errors import MCPError
+from mcpcore.errors import FailedPrecondition, MCPError
 from mcpcore.keys import Keyspace
-from mcpcore.store import KeepAlive, Store
+from mcpcore.lifecycle import Resync
+from mcpcore.store import Compare, KeepAlive, Put, Store
 
 __all__ = ["Registration", "effective_interval"]
 
 log = logging.getLogger(__name__)
+_TRIES = 5  # a registration whose compares keep failing gives up for this heartbeat and tries again
+_TXN_REPLICAS = 100  # etcd takes 128 operations per transaction by default
 
 
 def effective_interval(configured_s: float, mean_exec_s: float, ttl_s: float) -> float:
@@ -45,7 +54,8 @@ class Registration:
         *,
         record: Callable[[], Mapping[str, Any]],
         report: Callable[[], Mapping[str, Any]],
-        resync: Callable[[], Awaitable[None]],
+        resync_ops: Callable[[], Awaitable[list[Resync]]],
+        resynced: Callable[[list[Resync], int], None],
         ttl: int,
         interval_s: float,
         on_error: Callable[[str], None] = lambda loop: None,
@@ -56,25 +66,25 @@ class Registration:
         self._id = worker_id
         self._record = record
         self._report = report
-        self._resync = resync
+        self._resync_ops = resync_ops
+        self._resynced = resynced
         self._ttl = ttl
         self._configured = interval_s
         self.interval_s = interval_s
         self._on_error = on_error
         self._clock = clock
         self._keeper: KeepAlive | None = None
+        self._record_revision = 0
         self._task: asyncio.Task[None] | None = None
         self.registrations = 0  # how many times the worker (re-)registered
         self.registered = asyncio.Event()
 
     async def register(self) -> None:
-        """Grant a lease, write the record and a first report, re-publish replica states — in this order: a
-        replica record naming a worker that is not registered would look dead to the scheduler."""
+        """Grant a lease and write the record, a first report and the held replicas' real states in one
+        transaction (a replica record naming a worker that is not registered would look dead)."""
         lease = await self._store.grant_lease(self._ttl)
         try:
-            await self._store.put(self._keys.worker(self._id), _json(self._record()), lease=lease.id)
-            await self._publish(lease.id)
-            await self._resync()
+            previous = await self._commit(lease.id)
         except BaseException:
             with contextlib.suppress(MCPError):
                 await self._store.revoke_lease(lease.id)
@@ -82,9 +92,65 @@ class Registration:
         if self._keeper is not None:
             await self._keeper.stop()
         self._keeper = self._store.keep_alive(lease)
+        if previous and previous != lease.id:  # its keys are ours now; nothing else lives under it
+            with contextlib.suppress(MCPError):
+                await self._store.revoke_lease(previous)
         self.registrations += 1
         self.registered.set()
         log.info("worker %s registered (lease %x, registration %d)", self._id, lease.id, self.registrations)
+
+    async def _commit(self, lease_id: int) -> int:
+        """The registration transaction; returns the lease of the record it replaced (0: none)."""
+        key = self._keys.worker(self._id)
+        for _ in range(_TRIES):
+            current = await self._store.get(key)
+            if current is not None:
+                self._took_over(current.value)
+            writes = await self._resync_ops()
+            first, rest = writes[:_TXN_REPLICAS], writes[_TXN_REPLICAS:]
+            result = await self._store.txn(
+                [Compare(key, current.mod_revision if current else 0), *(w.compare for w in first)],
+                [
+                    Put(key, _json(self._record()), lease_id),
+                    Put(self._keys.worker_load(self._id), _json(self._stamped()), lease_id),
+                    *(w.put for w in first),
+                ],
+            )
+            if not result.succeeded:
+                continue  # someone wrote the record or a replica meanwhile: read again
+            self._record_revision = result.revision
+            self._resynced(first, result.revision)
+            for start in range(0, len(rest), _TXN_REPLICAS):  # a worker holding more than one txn takes
+                chunk = rest[start : start + _TXN_REPLICAS]
+                done = await self._store.txn([w.compare for w in chunk], [w.put for w in chunk])
+                if done.succeeded:
+                    self._resynced(chunk, done.revision)
+            return current.lease if current is not None else 0
+        raise FailedPrecondition(f"worker {self._id}: could not register; its records keep changing")
+
+    def _took_over(self, raw: bytes) -> None:
+        try:
+            incarnation = json.loads(raw).get("incarnation", "")
+        except (ValueError, AttributeError):
+            incarnation = ""
+        mine = self._record().get("incarnation", "")
+        if incarnation != mine:
+            log.warning(
+                "worker id %s was registered by incarnation %r; this process (%r) takes it over",
+                self._id, incarnation or "?", mine,
+            )  # fmt: skip
+
+    async def update_record(self) -> bool:
+        """Write the record again (its draining flag changed), if this process still holds it."""
+        if self._keeper is None or self._keeper.lost.is_set():
+            return False
+        key = self._keys.worker(self._id)
+        result = await self._store.txn(
+            [Compare(key, self._record_revision)], [Put(key, _json(self._record()), self._keeper.lease.id)]
+        )
+        if result.succeeded:
+            self._record_revision = result.revision
+        return result.succeeded
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="worker-heartbeat")
@@ -126,6 +192,10 @@ class Registration:
                 await self._keeper.lost.wait()
 
     async def _publish(self, lease_id: int) -> None:
+        await self._store.put(self._keys.worker_load(self._id), _json(self._stamped()), lease=lease_id)
+
+    def _stamped(self) -> dict[str, Any]:
+        """The load report with the heartbeat interval in force (raised to 3x mean inference time)."""
         report = dict(self._report())
         interval = effective_interval(self._configured, float(report.get("mean_exec_s", 0.0)), self._ttl)
         if interval > self.interval_s * 1.01:
@@ -138,7 +208,7 @@ class Registration:
             )
         self.interval_s = interval
         report.update(heartbeat_interval_s=interval, last_beat=self._clock())
-        await self._store.put(self._keys.worker_load(self._id), _json(report), lease=lease_id)
+        return report
 
 
 def _json(value: Mapping[str, Any]) -> bytes:

@@ -3,13 +3,25 @@
 Start-up order is what makes the published record true: the data (ZeroMQ) and control (gRPC) endpoints are
 bound first, so the worker record in etcd only ever names endpoints that answer. etcd being down at start
 is not fatal: the heartbeat loop registers as soon as it can, and serving never waits for it.
+
+Each process start has its own incarnation id, in the worker record and in every replica record it
+writes, so a record left by an earlier process under the same worker id can be told apart.
+
+A graceful stop (SIGTERM) drains (DESIGN.md 7): the record says ``draining`` (routers stop choosing the
+worker) and every new request is answered "not started, draining"; admitted work finishes within
+``drain_timeout_s``, whatever is still queued then is answered "not started"; then the lease is revoked
+and the sockets close. Routers retry only what provably did not start, so a drained worker fails no
+request and runs none twice.
+
+GPU figures come from an NVML sampler thread; nothing on the event loop waits on a subprocess.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import logging
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -17,12 +29,15 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from mcp_worker import numa
+from mcp_worker.admission import Admission
 from mcp_worker.batching import Dispatcher
 from mcp_worker.breakers import BreakerWatch
 from mcp_worker.buffers import BatchBuffers
 from mcp_worker.config import WorkerConfig
+from mcp_worker.executions import Executions
 from mcp_worker.memory import MemoryBudget
 from mcp_worker.models import ModelManager
+from mcp_worker.nvml import GpuSampler
 from mcp_worker.registration import Registration
 from mcp_worker.repository import ModelRepository
 from mcp_worker.servicer_v2 import WorkerControlServicer
@@ -30,10 +45,11 @@ from mcp_worker.zmq_server import TensorServer, load_curve_secret
 from mcpapi.v2 import worker_pb2_grpc
 from mcpcore import wire
 from mcpcore.crypto import Keyring
-from mcpcore.errors import MCPError, NotFound, error_class
+from mcpcore.errors import MCPError, error_class
 from mcpcore.etcd_store import EtcdStore
 from mcpcore.keys import Keyspace, ReplicaId
 from mcpcore.lifecycle import ReplicaLifecycle, ReplicaState
+from mcpcore.looplag import LoopLagMonitor
 from mcpcore.metrics import RequestMetrics, start_metrics_server
 from mcpcore.serving import GrpcService
 
@@ -41,6 +57,8 @@ __all__ = ["Worker", "WorkerMetrics"]
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "mcpapi.v2.WorkerControl"
+_DRAIN_LINGER_S = 0.2  # after draining: close once no request came for this long (routers saw the flag)
+_DRAIN_LINGER_MAX_S = 2.0
 
 
 class WorkerMetrics(RequestMetrics):
@@ -55,6 +73,26 @@ class WorkerMetrics(RequestMetrics):
         self.gpu_utilization = self.standard("mcp_gpu_utilization_ratio")
         self.load_failures = self.standard("mcp_model_load_failures_total")
         self.breaker_level = self.standard("mcp_breaker_level")
+        self.executions = self.counter(
+            "mcp_worker_executions_total", "Requests executed (as their batch started).", ("model",)
+        )
+        self.duplicate_executions = self.counter(
+            "mcp_worker_duplicate_executions_total",
+            "Requests executed again on this worker (a request id seen before, within the window).",
+            ("model",),
+        )
+        self.deadline_dropped = self.counter(
+            "mcp_worker_deadline_dropped_total",
+            "Requests dropped before they ran: their deadline or the model's queue timeout passed.",
+            ("model", "version"),
+        )
+        self.admission_refused = self.counter(
+            "mcp_worker_admission_refused_total",
+            "Requests refused at the door: the worker was full (exceeds maximum queue size).",
+        )
+        self.macs = self.counter(
+            "mcp_worker_macs_total", "Multiply-accumulates the layer graphs' dense layers did.", ("model",)
+        )
 
 
 class Worker:
@@ -63,10 +101,21 @@ class Worker:
         self.metrics = WorkerMetrics(CollectorRegistry())
         self.keys = Keyspace(config.etcd_prefix)
         self.store = EtcdStore(config.etcd_endpoints, timeout=config.etcd_timeout_s)
+        self.incarnation = uuid.uuid4().hex[:16]
         self._executor = ThreadPoolExecutor(config.exec_slots, thread_name_prefix="mcp-exec")
         self.buffers = BatchBuffers(blocks_per_class=2 * config.exec_slots)
+        self.executions = Executions(
+            window=config.dedup_window,
+            journal=config.execution_log,
+            on_execution=lambda model, n: self.metrics.executions.labels(model).inc(n),
+            on_duplicate=lambda model: self.metrics.duplicate_executions.labels(model).inc(),
+        )
         self.dispatcher = Dispatcher(
-            slots=config.exec_slots, executor=self._executor, metrics=self.metrics, buffers=self.buffers
+            slots=config.exec_slots,
+            executor=self._executor,
+            metrics=self.metrics,
+            buffers=self.buffers,
+            on_execute=lambda key, ids: self.executions.record(key.rpartition("/")[0], ids),
         )
         keyring = Keyring.load(config.keyring) if config.keyring else None
         self.manager = ModelManager(
@@ -77,6 +126,7 @@ class Worker:
             budget=MemoryBudget(config.memory_capacity_bytes, owner=f"worker {config.worker_id}"),
             checkpoint_dir=Path(config.checkpoint_dir),
             on_state=self._state_changed,
+            on_work=lambda model, macs: self.metrics.macs.labels(model).inc(macs),
         )
         self._curve_public = b""
         curve_secret = None
@@ -91,6 +141,14 @@ class Worker:
             curve_secret=curve_secret,
             on_error=self.metrics.count_loop_error,
             buffers=self.buffers,
+            admission=Admission(
+                max_requests=config.max_in_flight_requests,
+                max_bytes=config.max_in_flight_bytes,
+                owner=f"worker {config.worker_id}",
+                on_refused=self.metrics.admission_refused.inc,
+            ),
+            heartbeat_s=config.zmq_heartbeat_s,
+            heartbeat_timeout_s=config.zmq_heartbeat_timeout_s,
         )
         self.grpc = GrpcService([SERVICE_NAME], options=[("grpc.max_receive_message_length", 16 << 20)])
         self.breakers = BreakerWatch(
@@ -104,15 +162,23 @@ class Worker:
         self.endpoints: dict[str, str] = {}
         self._metrics_server: Any = None
         self._started = time.time()
+        self.gpus = GpuSampler()
+        self._lag = LoopLagMonitor(self.metrics.loop_lag.observe)
+        self.draining = ""  # the reason, once a graceful stop began
 
     async def start(self) -> dict[str, str]:
         cfg = self.config
+        self._lag.start()
+        if not await asyncio.to_thread(self.gpus.start):  # NVML's first calls can take a while
+            log.info("GPU metrics off: %s", self.gpus.reason)
         if cfg.numa_pin:
-            bus_id = cfg.gpu_pci_bus_id or numa.nvidia_smi_pci_bus_id(cfg.gpu_index)
+            bus_id = cfg.gpu_pci_bus_id or self.gpus.pci_bus_id(cfg.gpu_index)
             if bus_id:
                 numa.pin_to_gpu_numa_node(bus_id)
             else:
-                log.info("numa_pin: no GPU bus id (set gpu_pci_bus_id, or install nvidia-smi); not pinning")
+                log.info(
+                    "numa_pin: no GPU bus id (set gpu_pci_bus_id; NVML: %s); not pinning", self.gpus.reason
+                )
         self._metrics_server, metrics_port = start_metrics_server(
             cfg.metrics_port, cfg.metrics_host, registry=self.metrics.registry
         )
@@ -128,7 +194,9 @@ class Worker:
             "zmq": _advertised(zmq_endpoint, host),
             "metrics": f"{host or cfg.metrics_host}:{metrics_port}",
         }
-        self.manager.set_info({"zmq": zmq_endpoint, "grpc": self.endpoints["grpc"]})
+        self.manager.set_info(
+            {"zmq": zmq_endpoint, "grpc": self.endpoints["grpc"], "incarnation": self.incarnation}
+        )
         await self.store.connect()
         self.registration = Registration(
             self.store,
@@ -136,7 +204,8 @@ class Worker:
             cfg.worker_id,
             record=self._record,
             report=self._report,
-            resync=self.manager.resync,
+            resync_ops=self.manager.resync_ops,
+            resynced=self.manager.resynced,
             ttl=cfg.lease_ttl,
             interval_s=cfg.heartbeat_interval_s,
             on_error=self.metrics.count_loop_error,
@@ -151,24 +220,50 @@ class Worker:
         return self.endpoints
 
     async def stop(self) -> None:
+        await self.drain("worker shutting down")
         await self.grpc.stop()
         if self.registration is not None:
-            await self.registration.stop()
+            await self.registration.stop()  # revokes the lease: the record goes, routers drop the link
         await self.breakers.stop()
         await self.tensors.stop()
         await self.manager.close()
         await self.dispatcher.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
         self.buffers.close()
+        self.executions.close()
+        self.gpus.stop()
+        await self._lag.stop()
         await self.store.close()
         if self._metrics_server is not None:
             self._metrics_server.stop()
+
+    async def drain(self, reason: str) -> None:
+        """The graceful stop's first half: take no new work, finish what was admitted (DESIGN.md 7)."""
+        if self.draining:
+            return
+        self.draining = reason
+        self.tensors.drain()  # from now on: "not started, draining"
+        if self.registration is not None:
+            try:
+                async with asyncio.timeout(min(2.0, self.config.etcd_timeout_s)):
+                    await self.registration.update_record()
+            except (MCPError, TimeoutError) as exc:  # etcd away: the replies' draining flag still tells
+                log.warning("could not mark worker %s draining in etcd: %s", self.config.worker_id, exc)
+        if not await self.tensors.wait_idle(self.config.drain_timeout_s):
+            log.warning("drain: admitted work did not finish in %.1fs; answering the rest not started",
+                        self.config.drain_timeout_s)  # fmt: skip
+        await self.dispatcher.close()  # what is still queued: "not started"; running batches finish
+        await self.tensors.wait_idle(self.config.drain_timeout_s)
+        await self.tensors.wait_quiet(_DRAIN_LINGER_S, _DRAIN_LINGER_MAX_S)
+        log.info("worker %s drained (%s)", self.config.worker_id, reason)
 
     # -- callbacks -------------------------------------------------------------------------------------
     async def _handle(self, msg: wire.Message) -> tuple[str, dict[str, Any]]:
         h = msg.header
         started = time.perf_counter()
-        model, version = "_unknown", h.version or "_latest"  # no unbounded labels from untrusted names
+        features_off = None
+        if h.flags & wire.FLAG_SECONDARY_FEATURES_OFF:  # breaker level 2, set by the router
+            features_off = tuple(f for f in h.parameters.get(wire.PARAM_FEATURES_OFF, "").split(",") if f)
         try:
             replica, outputs = await self.manager.infer(
                 h.model,
@@ -177,10 +272,10 @@ class Worker:
                 msg.named(),
                 priority=h.priority or None,
                 timeout_s=h.timeout_us / 1e6 if h.timeout_us else None,
+                features_off=features_off,
             )
         except MCPError as err:
-            if not isinstance(err, NotFound):
-                model = h.model
+            model, version = self.manager.labels(h.model, h.version)  # no labels from untrusted names
             self.metrics.observe_request(
                 model, version, "zmq", err.code.name, seconds=time.perf_counter() - started,
                 error_class=error_class(err),
@@ -210,22 +305,26 @@ class Worker:
             **self.endpoints,
             "labels": cfg.label_map,
             "memory_capacity_bytes": cfg.memory_capacity_bytes,
-            "devices": [],
+            "devices": [
+                {"index": i, "memory_total_bytes": r.memory_total_bytes}
+                for i, r in self.gpus.readings().items()
+            ],
             "started_at": self._started,
             "curve_public_key": self._curve_public.decode(),
+            "incarnation": self.incarnation,
+            "capacity": cfg.capacity,
+            "draining": self.draining,
         }
 
     def _gpu_metrics(self) -> None:
-        """Device memory held by cuda replicas, and the GPU's utilization (nvidia-smi), on each heartbeat."""
+        """The NVML sampler's latest readings per device, and device memory held by cuda replicas."""
+        for index, reading in self.gpus.readings().items():
+            self.metrics.gpu_utilization.labels(str(index)).set(reading.utilization)
+            self.metrics.gpu_memory.labels(str(index)).set(reading.memory_used_bytes)
         cuda = [r for r in self.manager.replicas() if r.config.backend == "cuda"]
-        if not cuda:
-            return
-        device = str(self.config.gpu_index)
-        self.metrics.gpu_memory.labels(device).set(sum(r.backend.memory_bytes for r in cuda))
-        utilization = numa.nvidia_smi_query(self.config.gpu_index, "utilization.gpu")
-        if utilization is not None:
-            with contextlib.suppress(ValueError):
-                self.metrics.gpu_utilization.labels(device).set(float(utilization) / 100)
+        if cuda and not self.gpus.readings():  # no NVML: what this worker's replicas hold, at least
+            device = str(self.config.gpu_index)
+            self.metrics.gpu_memory.labels(device).set(sum(r.backend.memory_bytes for r in cuda))
 
     def _report(self) -> dict[str, Any]:
         self._gpu_metrics()

@@ -1,20 +1,31 @@
 """The worker's ZeroMQ tensor server: a ROUTER socket speaking ``mcpcore.wire``.
 
 Invariants:
-- Many requests are in flight at once: each message becomes its own task, and replies go out in whatever
-  order the work finishes, addressed by the peer identity and carrying the request id.
+- Many requests are in flight at once: each admitted message becomes its own task, and replies go out in
+  whatever order the work finishes, addressed by the peer identity and carrying the request id.
+- Bounded: a request holds an ``Admission`` ticket (requests and tensor bytes in flight, shared fairly
+  between models) from its arrival to its reply; past the bounds it is refused at once "exceeds maximum
+  queue size", not started (``FLAG_RETRYABLE``). The socket's high-water marks bound what libzmq buffers.
 - Nothing a peer sends can stop the server: a malformed message is answered with an error reply (its
   gRPC code in the header) and the loop goes on. A tensor frame over ``max_tensor_bytes`` is answered
   RESOURCE_EXHAUSTED; a single frame over ``max_message_bytes`` is refused by ZeroMQ itself
   (``MAXMSGSIZE``, per frame) before it is buffered, which disconnects that peer instead of answering.
+- A reply over the limits is never sent: the request is answered RESOURCE_EXHAUSTED instead (it ran, so
+  it is not retryable), and a router never has to drop a frame it cannot take.
+- ``FLAG_RETRYABLE`` goes only on errors raised before the request began to execute
+  (``MCPError.not_started``): a router may send those elsewhere whatever the model.
+- Draining (``drain()``, a graceful stop): every new request is answered not started with
+  ``FLAG_DRAINING``, so routers send elsewhere at once and stop choosing this worker.
 - Tensors are received and sent without copies (``copy=False``; ``np.frombuffer`` views).
-- With a CURVE secret key configured, only peers that know the server's public key can connect.
+- ZMTP heartbeats detect a peer that vanished or froze; with a CURVE secret key configured, only peers
+  that know the server's public key can connect.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -23,10 +34,11 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
+from mcp_worker.admission import Admission, Ticket
 from mcp_worker.buffers import BatchBuffers, Lease
 from mcpapi.v2 import tensor_pb2
 from mcpcore import wire
-from mcpcore.errors import Internal, InvalidArgument, MCPError
+from mcpcore.errors import Internal, InvalidArgument, MCPError, ResourceExhausted, Unavailable, not_started
 
 __all__ = ["Handler", "TensorServer", "load_curve_secret"]
 
@@ -45,6 +57,7 @@ def _spec(header: tensor_pb2.TensorHeader | None, index: int) -> tensor_pb2.Tens
 
 
 log = logging.getLogger(__name__)
+_YIELD_EVERY = 16  # messages received in a row before the loop runs everything else once
 
 #: Gets the decoded request; returns the version that served it and the output tensors (or raises an
 #: MCPError, which goes back in the reply header).
@@ -71,6 +84,9 @@ class TensorServer:
         curve_secret: bytes | None = None,
         on_error: Callable[[str], None] | None = None,
         buffers: BatchBuffers | None = None,
+        admission: Admission | None = None,
+        heartbeat_s: float = 1.0,
+        heartbeat_timeout_s: float = 3.0,
     ) -> None:
         self._bind = bind
         self._handler = handler
@@ -78,17 +94,29 @@ class TensorServer:
         self._curve_secret = curve_secret
         self._on_error = on_error or (lambda where: None)
         self._buffers = buffers
+        self.admission = admission or Admission(max_requests=1024, max_bytes=256 << 20)
+        self._heartbeat = (heartbeat_s, heartbeat_timeout_s)
         self._ctx = zmq.asyncio.Context()
         self._sock: zmq.asyncio.Socket | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.endpoint = ""
+        self.draining = False
+        self.last_request = 0.0  # monotonic time of the last message received
 
     async def start(self) -> str:
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a gone peer's reply is dropped, not an error
         sock.setsockopt(zmq.MAXMSGSIZE, self._limits.max_message_bytes + self._limits.max_header_bytes)
+        # Replies are bounded by admission, so the send side never reaches its mark; the receive side
+        # stops reading from peers once this many messages wait (backpressure to the routers).
+        sock.setsockopt(zmq.SNDHWM, 4 * self.admission.max_requests + 64)
+        sock.setsockopt(zmq.RCVHWM, self.admission.max_requests)
+        interval, timeout = self._heartbeat
+        sock.setsockopt(zmq.HEARTBEAT_IVL, int(interval * 1000))
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(timeout * 1000))
+        sock.setsockopt(zmq.HEARTBEAT_TTL, int(timeout * 1000))
         if self._curve_secret is not None:
             sock.setsockopt(zmq.CURVE_SERVER, 1)
             sock.setsockopt(zmq.CURVE_SECRETKEY, self._curve_secret)
@@ -97,6 +125,32 @@ class TensorServer:
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._loop_task = asyncio.create_task(self._serve(), name="zmq-serve")
         return self.endpoint
+
+    def drain(self) -> None:
+        """Answer every new request "not started, draining" from now on (a graceful stop)."""
+        self.draining = True
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until every admitted request is answered (True), or ``timeout_s`` passed (False)."""
+        deadline = time.monotonic() + timeout_s
+        while self._tasks:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            await asyncio.wait(list(self._tasks), timeout=left)
+        return True
+
+    async def wait_quiet(self, quiet_s: float, max_s: float) -> None:
+        """Wait until no request arrived for ``quiet_s`` (at most ``max_s``): while draining, senders that
+        had not seen the flag yet get their "not started" answers before the socket closes."""
+        deadline = time.monotonic() + max_s
+        # quiet is the absence of events: a timer, not a readiness wait
+        while (now := time.monotonic()) < deadline and now - self.last_request < quiet_s:  # noqa: ASYNC110
+            await asyncio.sleep(min(quiet_s - (now - self.last_request), deadline - now))
 
     async def stop(self) -> None:
         if self._loop_task is not None:
@@ -111,23 +165,76 @@ class TensorServer:
 
     async def _serve(self) -> None:
         assert self._sock is not None
+        received = 0
         while True:
+            received += 1
+            if not received % _YIELD_EVERY:  # a backlog completes every recv at once: let replies go out
+                await asyncio.sleep(0)
             leases: list[Lease] = []
             try:
-                frames = await self._receive(leases)
+                frames, header = await self._receive(leases)
+                self.last_request = time.monotonic()
+                ticket = self._admit(frames, header)
             except asyncio.CancelledError:
+                for lease in leases:
+                    lease.release()
                 raise
             except Exception:
+                for lease in leases:
+                    lease.release()
                 log.exception("receive failed; the server goes on")
                 self._on_error("zmq_receive")
                 continue
-            task = asyncio.create_task(self._answer(frames[0], frames[1:], leases))
+            if ticket is None:  # answered already (refused, draining or malformed)
+                for lease in leases:
+                    lease.release()
+                continue
+            task = asyncio.create_task(self._answer(frames[0], frames[1:], leases, ticket))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _receive(self, leases: list[Lease]) -> list[Any]:
-        """One multipart message. Large tensor frames are received straight into pool blocks (sized by the
-        header, bounded by the limits first); everything else zero-copy as libzmq holds it."""
+    def _admit(self, frames: list[Any], header: tensor_pb2.TensorHeader | None) -> Ticket | None:
+        """A ticket for the request, or None once it has been answered here and now."""
+        identity, body = frames[0], frames[1:]
+        if header is None:
+            try:  # parsed again only to name what is wrong with it
+                if not body:
+                    raise InvalidArgument("empty message: expected [TensorHeader, tensor frames...]")
+                wire.parse_header(body[0], self._limits)
+                raise InvalidArgument("first frame is not a TensorHeader")
+            except MCPError as error:
+                self._refuse(identity, None, error, retryable=False)
+            return None
+        if self.draining:
+            error = not_started(Unavailable("worker is stopping (draining); send it to another worker"))
+            self._refuse(identity, header, error, wire.FLAG_DRAINING)
+            return None
+        try:
+            return self.admission.admit(header.model, sum(spec.byte_size for spec in header.tensors))
+        except MCPError as error:
+            self._refuse(identity, header, error)
+            return None
+
+    def _refuse(
+        self,
+        identity: Any,
+        header: tensor_pb2.TensorHeader | None,
+        error: MCPError,
+        flags: int = 0,
+        *,
+        retryable: bool = True,
+    ) -> None:
+        assert self._sock is not None
+        reply = wire.error_reply(header, error, retryable=retryable, flags=flags)
+        try:  # a ROUTER send never blocks: past its high-water mark it drops
+            self._sock.send_multipart([identity, reply], flags=zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.warning("could not send a refusal: %s", exc)
+
+    async def _receive(self, leases: list[Lease]) -> tuple[list[Any], tensor_pb2.TensorHeader | None]:
+        """One multipart message and its parsed header (None if it does not parse). Large tensor frames
+        are received straight into pool blocks (sized by the header, bounded by the limits first);
+        everything else zero-copy as libzmq holds it."""
         sock = self._sock
         assert sock is not None
         frames: list[Any] = [await sock.recv(copy=False)]
@@ -150,14 +257,17 @@ class TensorServer:
                 frame = await sock.recv(copy=False)
                 frames.append(frame)
                 more = frame.more
-            if len(frames) == 2:  # the header: parsed here only to size the tensor frames that follow
+            if len(frames) == 2:  # the header: parsed once, to size the tensor frames and admit
                 header = _header_or_none(frames[1], self._limits)
-        return frames
+        return frames, header
 
-    async def _answer(self, identity: zmq.Frame, frames: list[Any], leases: list[Lease]) -> None:
+    async def _answer(
+        self, identity: zmq.Frame, frames: list[Any], leases: list[Lease], ticket: Ticket
+    ) -> None:
         try:
             await self._reply(identity, frames)
         finally:
+            self.admission.release(ticket)
             for lease in leases:  # the request is answered: its receive buffers go back to the pool
                 lease.release()
 
@@ -170,12 +280,13 @@ class TensorServer:
             header = wire.parse_header(frames[0], self._limits)
             msg = wire.Message(header, wire.tensors_of(header, frames[1:], self._limits))
             version, outputs = await self._handler(msg)
+            self._check_reply(header, outputs)
             reply = tensor_pb2.TensorHeader(
                 kind=tensor_pb2.KIND_REPLY, request_id=header.request_id, model=header.model, version=version
             )
             out = wire.encode(reply, outputs)
         except MCPError as err:
-            out = [wire.error_reply(header, err, retryable=err.retryable)]
+            out = [wire.error_reply(header, err, retryable=err.not_started and err.retryable)]
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -186,3 +297,24 @@ class TensorServer:
             await self._sock.send_multipart([identity, *out], copy=False)
         except zmq.ZMQError as exc:
             log.warning("could not send a reply: %s", exc)
+
+    def _check_reply(self, header: tensor_pb2.TensorHeader, outputs: dict[str, np.ndarray]) -> None:
+        """Refuse to send what a receiver must drop: outputs over the frame or message limits."""
+        limits, total = self._limits, 0
+        if len(outputs) > limits.max_tensors:
+            raise ResourceExhausted(
+                f"model {header.model} made {len(outputs)} outputs, over the limit of {limits.max_tensors}"
+            )
+        for name, array in outputs.items():
+            size = int(getattr(array, "nbytes", 0))
+            total += size
+            if size > limits.max_tensor_bytes:
+                raise ResourceExhausted(
+                    f"output {name} of model {header.model} is {size} bytes, over the "
+                    f"{limits.max_tensor_bytes}-byte frame limit; send fewer rows per request"
+                )
+        if total > limits.max_message_bytes:
+            raise ResourceExhausted(
+                f"the reply of model {header.model} is {total} bytes, over the "
+                f"{limits.max_message_bytes}-byte message limit; send fewer rows per request"
+            )
