@@ -132,30 +132,52 @@ def test_empty_ring() -> None:
     assert isinstance(err.value, Unavailable) and err.value.retryable
     with pytest.raises(EmptyRing):
         ring.lookup_bounded("k", {})
-    assert list(ring.preference("k")) == []
     assert HashRing({"w": 1}).without("w").nodes == {}
 
 
-# -- preference -------------------------------------------------------------------------------------
+# -- the walk past excluded nodes -------------------------------------------------------------------
+
+
+def walk(ring: HashRing, key: str | bytes) -> list[str]:
+    """The nodes in the order lookup_bounded falls through them: exclude each chosen one in turn."""
+    order: list[str] = []
+    while (node := ring.lookup_bounded(key, {}, exclude=frozenset(order))) is not None:
+        order.append(node)
+    return order
 
 
 @given(rings, keys)
-def test_preference_yields_each_node_once_owner_first(ring: HashRing, key: str | bytes) -> None:
-    order = list(ring.preference(key))
+def test_exclusion_walks_each_node_once_owner_first(ring: HashRing, key: str | bytes) -> None:
+    order = walk(ring, key)
     assert sorted(order) == sorted(ring.nodes)
     assert order[0] == ring.lookup(key)
 
 
-@given(rings, keys, st.integers(min_value=0, max_value=15))
-def test_preference_limit(ring: HashRing, key: str | bytes, limit: int) -> None:
-    assert list(ring.preference(key, limit)) == list(ring.preference(key))[:limit]
-
-
-def test_preference_after_removal_skips_to_the_next_node(ring64: HashRing) -> None:
-    # A retry goes to the next distinct node; removing the owner sends the key exactly there.
+def test_a_retry_goes_where_the_key_would_go_without_the_node(ring64: HashRing) -> None:
+    # A retry excludes the worker tried; it lands exactly where the key goes once that node is removed.
     for key in KEYS[:200]:
-        first, second = list(ring64.preference(key, 2))
-        assert ring64.without(first).lookup(key) == second
+        first = ring64.lookup(key)
+        assert ring64.lookup_bounded(key, {}, exclude={first}) == ring64.without(first).lookup(key)
+
+
+@given(
+    rings,
+    keys,
+    st.lists(st.integers(min_value=0, max_value=50), min_size=12, max_size=12),
+    st.sets(st.integers(min_value=0, max_value=11), max_size=4),
+)
+def test_excluded_nodes_are_never_chosen_and_share_no_cap(ring, key, raw, drop) -> None:  # type: ignore[no-untyped-def]
+    nodes = list(ring.nodes)
+    loads = dict(zip(nodes, raw, strict=False))
+    exclude = {nodes[i] for i in drop if i < len(nodes)}
+    chosen = ring.lookup_bounded(key, loads, 1.25, exclude=exclude)
+    kept = [n for n in nodes if n not in exclude]
+    if not kept:
+        assert chosen is None
+        return
+    assert chosen in kept  # c >= 1: the caps of the nodes left cover their load, so one has room
+    total, weight = sum(loads.get(n, 0) for n in kept), sum(ring.nodes[n] for n in kept)
+    assert loads.get(chosen, 0) < math.ceil(1.25 * (total + 1) * ring.nodes[chosen] / weight)
 
 
 # -- bounded loads ----------------------------------------------------------------------------------
@@ -179,8 +201,8 @@ def test_bounded_never_picks_a_full_node(ring: HashRing, key: str | bytes, raw: 
     chosen = ring.lookup_bounded(key, loads, c)
     assert chosen is not None  # c >= 1 and consistent loads: some node is always below its cap
     assert loads.get(chosen, 0) < cap[chosen]
-    # ... and it is the first such node in preference order, so overflow is deterministic
-    for node in ring.preference(key):
+    # ... and it is the first such node in ring order, so overflow is deterministic
+    for node in walk(ring, key):
         if node == chosen:
             break
         assert loads.get(node, 0) >= cap[node]

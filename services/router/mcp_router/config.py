@@ -27,8 +27,21 @@ class RouterConfig:
     scheduler: str = "127.0.0.1:50051"
     #: Bounded loads: a worker takes a request while its in-flight count is below c x the mean.
     load_factor: float = 1.25
-    #: Backpressure: requests in flight to one worker before RESOURCE_EXHAUSTED.
+    #: Backpressure: requests in flight to one worker, and tensor bytes in flight in all, past which a
+    #: request goes elsewhere or is refused UNAVAILABLE "exceeds maximum queue size".
     max_in_flight_per_worker: int = 512
+    max_bytes_in_flight: int = 1 << 30
+    #: Link health: ZMTP heartbeats to every worker; a worker silent for ``link_timeout_s`` (dead, frozen,
+    #: cut off) is a link down: keep it below the workers' lease TTL.
+    link_heartbeat_s: float = 0.5
+    link_timeout_s: float = 2.0
+    #: A worker whose lease vanished while its link is healthy (etcd frozen or away) keeps its routes this
+    #: long, or until its link fails or it registers again.
+    worker_grace_s: float = 30.0
+    #: Graceful stop (SIGTERM): report NOT_SERVING this long first (clients and balancers move away),
+    #: then refuse new calls and give in-flight ones up to ``drain_timeout_s`` to finish.
+    shutdown_delay_s: float = 1.0
+    drain_timeout_s: float = 30.0
     #: Retries may add at most this fraction of the request rate.
     retry_budget_ratio: float = 0.2
     #: Deadline for a request that brings none.
@@ -48,5 +61,11 @@ class RouterConfig:
             raise ValueError(f"retry_budget_ratio: must be within 0..1, got {self.retry_budget_ratio}")
         if self.max_in_flight_per_worker < 1:
             raise ValueError("max_in_flight_per_worker: must be >= 1")
+        if self.max_bytes_in_flight < 1:
+            raise ValueError("max_bytes_in_flight: must be >= 1")
+        if not 0 < self.link_heartbeat_s < self.link_timeout_s:
+            raise ValueError("link_timeout_s: must be above link_heartbeat_s (both > 0)")
+        if self.worker_grace_s < 0 or self.shutdown_delay_s < 0 or self.drain_timeout_s < 0:
+            raise ValueError("worker_grace_s, shutdown_delay_s and drain_timeout_s: must be >= 0")
         if self.stats_lease_ttl_s <= self.stats_interval_s:
             raise ValueError("stats_lease_ttl_s: must be longer than stats_interval_s")

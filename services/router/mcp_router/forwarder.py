@@ -1,11 +1,21 @@
-"""ZeroMQ forwarding: one DEALER per worker, many requests in flight, replies matched by request id.
+"""ZeroMQ forwarding: one DEALER per worker, many requests in flight, replies matched by the router's own id.
 
 Invariants:
-- A request is in flight on exactly one worker; ``in_flight(worker)`` is what bounded-load routing and
-  backpressure read. Past ``max_in_flight`` per worker a send is refused ``RESOURCE_EXHAUSTED``.
-- A worker that disconnects (socket monitor) or leaves the routing table fails every request pending on
-  it at once with a *retryable* ``Unavailable``: the worker never answered, so the caller may send the
-  request to another worker. A reply that arrives for an unknown id (timed out, cancelled) is dropped.
+- The id on the wire is this router's own (``new_id()``: a per-process random prefix and a counter), never
+  a client's: two clients that use the same id never get each other's answer. A retry keeps its id, so a
+  worker that runs it twice counts a duplicate.
+- A request is in flight on exactly one worker until its reply comes or its link fails. A request the
+  router gave up on (deadline, client gone) stays counted in ``loads`` (bounded loads, backpressure) as
+  abandoned until then; its late reply is dropped by id and counted, never handed to anyone.
+- What a failed send means is typed (DESIGN.md 7, delivery): ``NotSent`` — the link was down, draining or
+  full, so the request provably did not start; ``MayHaveStarted`` — the link failed while the request was
+  out, so the worker may have run it; a reply with ``FLAG_RETRYABLE`` — the worker says it did not start.
+- Bounded: per worker at most ``max_in_flight`` requests, and at most ``max_bytes`` of tensors in flight
+  in all; the sockets' high-water marks bound what libzmq buffers.
+- A link is up once its ZMTP handshake succeeded and down from its disconnect (a dead worker) or heartbeat
+  timeout (a frozen one) until the next handshake; ``on_link_down(worker)`` tells the snapshot.
+- A reply whose header parses but whose frames do not match it fails that request at once (INTERNAL,
+  naming the worker); one whose header does not parse cannot be matched and is counted.
 - Tensors go out and come back without copies (``copy=False``, ``np.frombuffer`` views of reply frames).
 """
 
@@ -13,8 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import time
+import uuid
+from collections import defaultdict
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import zmq
@@ -24,99 +39,153 @@ from zmq.utils.monitor import parse_monitor_message
 from mcp_router.snapshot import WorkerEndpoint
 from mcpapi.v2 import tensor_pb2
 from mcpcore import wire
-from mcpcore.errors import DeadlineExceeded, ResourceExhausted, Unavailable
+from mcpcore.errors import DeadlineExceeded, Internal, MCPError, Unavailable
 
-__all__ = ["Forwarder", "WorkerGone"]
+__all__ = ["Forwarder", "MayHaveStarted", "NotSent"]
 
 log = logging.getLogger(__name__)
+_SWEEP_S = 5.0
+_YIELD_EVERY = 16  # replies received in a row before the loop runs everything else once
 
 
-class WorkerGone(Unavailable):
-    """The worker went away before it answered: safe to retry elsewhere."""
+class NotSent(Unavailable):
+    """The request never left this router for that worker: safe to send to another one."""
+
+
+class MayHaveStarted(Unavailable):
+    """The worker's link failed while the request was out: it may have run."""
+
+
+@dataclass(eq=False, slots=True)
+class _Pending:
+    future: asyncio.Future[wire.Message] | None  # None once the router gave up on it (abandoned)
+    model: str
+    nbytes: int
+    since: float
 
 
 class _Link:
-    def __init__(self, ctx: zmq.asyncio.Context, endpoint: WorkerEndpoint, limits: wire.Limits) -> None:
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: WorkerEndpoint, fwd: Forwarder) -> None:
         self.endpoint = endpoint
         self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.SNDHWM, 0)
-        self.sock.setsockopt(zmq.RCVHWM, 0)
-        self.sock.setsockopt(zmq.MAXMSGSIZE, limits.max_message_bytes + limits.max_header_bytes)
+        limits = fwd.limits
+        for option, value in (
+            (zmq.LINGER, 0),
+            (zmq.IMMEDIATE, 1),  # queue only to a connected worker: a send to none fails at once
+            (zmq.SNDHWM, fwd.max_in_flight + 16),
+            (zmq.RCVHWM, fwd.max_in_flight + 16),
+            (zmq.MAXMSGSIZE, limits.max_message_bytes + limits.max_header_bytes),
+            (zmq.HEARTBEAT_IVL, int(fwd.heartbeat_s * 1000)),
+            (zmq.HEARTBEAT_TIMEOUT, int(fwd.heartbeat_timeout_s * 1000)),
+            (zmq.HEARTBEAT_TTL, int(fwd.heartbeat_timeout_s * 1000)),
+        ):
+            self.sock.setsockopt(option, value)
         if endpoint.curve_public_key:
             public, secret = zmq.curve_keypair()
             self.sock.curve_serverkey = endpoint.curve_public_key.encode()
             self.sock.curve_publickey, self.sock.curve_secretkey = public, secret
-        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        events = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+        self.monitor = self.sock.get_monitor_socket(events)
         self.sock.connect(endpoint.zmq)
-        self.pending: dict[str, asyncio.Future[wire.Message]] = {}
+        self.pending: dict[str, _Pending] = {}
+        self.models: dict[str, int] = defaultdict(int)  # model -> requests in flight here
         self.tasks: list[asyncio.Task[None]] = []
-        self.down = False  # disconnected and not reconnected yet: refuse at once, so callers go elsewhere
-
-    def fail_all(self, why: str) -> None:
-        for future in self.pending.values():
-            if not future.done():
-                future.set_exception(WorkerGone(f"worker {self.endpoint.id} {why} before answering"))
-        self.pending.clear()
-
-    def close(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        self.fail_all("left the routing table")
-        with contextlib.suppress(zmq.ZMQError):
-            self.sock.disable_monitor()
-        self.monitor.close(linger=0)
-        self.sock.close(linger=0)
+        self.down = True  # until the handshake succeeds; again from a disconnect to the next handshake
+        self.draining = False  # the worker answered "draining": send it nothing more
 
 
 class Forwarder:
     def __init__(
         self,
         *,
-        max_in_flight: int = 256,
+        max_in_flight: int = 512,
+        max_bytes: int = 1 << 30,
         limits: wire.Limits = wire.DEFAULT_LIMITS,
+        heartbeat_s: float = 0.5,
+        heartbeat_timeout_s: float = 2.0,
+        abandon_s: float = 60.0,
         on_error: Callable[[str], None] = lambda loop: None,
+        on_link_down: Callable[[str], None] = lambda worker: None,
+        on_late: Callable[[], None] = lambda: None,
     ) -> None:
         self._ctx = zmq.asyncio.Context()
         self._links: dict[str, _Link] = {}
-        self._max_in_flight = max_in_flight
-        self._limits = limits
-        self._on_error = on_error
+        self.max_in_flight = max_in_flight
+        self.max_bytes = max_bytes
+        self.limits = limits
+        self.heartbeat_s, self.heartbeat_timeout_s = heartbeat_s, heartbeat_timeout_s
+        self._abandon_s = abandon_s
+        self._on_error, self._on_link_down, self._on_late = on_error, on_link_down, on_late
+        self._prefix = uuid.uuid4().hex[:10]
+        self._ids = itertools.count(1)
+        self.loads: dict[str, int] = {}  # worker -> requests in flight (abandoned ones included)
+        self.nbytes = 0  # tensor bytes in flight, all workers
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def new_id(self) -> str:
+        """A correlation id unique to this router process."""
+        return f"{self._prefix}-{next(self._ids):x}"
 
     # -- membership ------------------------------------------------------------------------------------
     def sync(self, workers: Mapping[str, WorkerEndpoint]) -> None:
         """Open links to new workers, close links to workers gone or moved (called on every table swap)."""
         for worker_id, link in list(self._links.items()):
-            if workers.get(worker_id) != link.endpoint:
-                link.close()
-                del self._links[worker_id]
+            new = workers.get(worker_id)
+            if new is None or (new.zmq, new.curve_public_key) != (
+                link.endpoint.zmq,
+                link.endpoint.curve_public_key,
+            ):
+                self._close(worker_id, link, "left the routing table")
         for worker_id, endpoint in workers.items():
-            if worker_id not in self._links:
-                link = _Link(self._ctx, endpoint, self._limits)
+            link = self._links.get(worker_id)
+            if link is None:
+                link = _Link(self._ctx, endpoint, self)
                 link.tasks = [
                     asyncio.create_task(self._receive(link), name=f"zmq-recv-{worker_id}"),
                     asyncio.create_task(self._watch(link), name=f"zmq-monitor-{worker_id}"),
                 ]
                 self._links[worker_id] = link
+                self.loads[worker_id] = 0
+            else:
+                link.endpoint = endpoint
+        if self._sweeper is None:
+            self._sweeper = asyncio.create_task(self._sweep(), name="zmq-abandoned")
 
-    def is_down(self, worker_id: str) -> bool:
+    def link_ok(self, worker_id: str) -> bool:
+        """Connected (handshake done, heartbeats answered)."""
         link = self._links.get(worker_id)
-        return link is None or link.down
+        return link is not None and not link.down
 
-    def in_flight(self, worker_id: str) -> int:
+    def usable(self, worker_id: str) -> bool:
+        """Connected and not draining: a new request may go there."""
         link = self._links.get(worker_id)
-        return len(link.pending) if link else 0
+        return link is not None and not link.down and not link.draining and not link.endpoint.draining
 
-    def loads(self, workers: list[str] | tuple[str, ...]) -> dict[str, int]:
-        return {w: self.in_flight(w) for w in workers}
+    def in_flight(self, worker_id: str, model: str | None = None) -> int:
+        link = self._links.get(worker_id)
+        if link is None:
+            return 0
+        return len(link.pending) if model is None else link.models.get(model, 0)
 
     async def close(self) -> None:
-        for link in self._links.values():
-            link.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         tasks = [t for link in self._links.values() for t in link.tasks]
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._links.clear()
+        for worker_id, link in list(self._links.items()):
+            self._close(worker_id, link, "left the routing table (router stopping)")
+        await asyncio.gather(*tasks, *([self._sweeper] if self._sweeper else []), return_exceptions=True)
         self._ctx.term()
+
+    def _close(self, worker_id: str, link: _Link, why: str) -> None:
+        for task in link.tasks:
+            task.cancel()
+        self._fail_all(worker_id, link, why)
+        with contextlib.suppress(zmq.ZMQError):
+            link.sock.disable_monitor()
+        link.monitor.close(linger=0)
+        link.sock.close(linger=0)
+        del self._links[worker_id]
+        self.loads.pop(worker_id, None)
 
     # -- requests --------------------------------------------------------------------------------------
     async def send(
@@ -126,46 +195,124 @@ class Forwarder:
         inputs: Mapping[str, np.ndarray],
         *,
         timeout_s: float,
+        nbytes: int = 0,
     ) -> wire.Message:
+        """Send one request (``header.request_id`` from ``new_id()``) and wait for its reply, whatever its
+        status. Raises ``NotSent``, ``MayHaveStarted``, ``DeadlineExceeded`` or ``Internal`` (a reply that
+        does not decode)."""
         link = self._links.get(worker_id)
         if link is None or link.down:
-            raise WorkerGone(f"worker {worker_id} is not connected")
-        if len(link.pending) >= self._max_in_flight:
-            raise ResourceExhausted(
-                f"worker {worker_id} has {len(link.pending)} requests in flight, the limit; retry later"
+            raise NotSent(f"worker {worker_id} is not connected")
+        if link.draining or link.endpoint.draining:
+            raise NotSent(f"worker {worker_id} is draining")
+        if len(link.pending) >= self.max_in_flight:
+            raise NotSent(
+                f"exceeds maximum queue size: worker {worker_id} has {len(link.pending)} requests in flight "
+                "from this router (max_in_flight_per_worker)"
+            )
+        if self.nbytes + nbytes > self.max_bytes:
+            raise NotSent(
+                f"exceeds maximum queue size: this router has {self.nbytes} bytes of tensors in flight and "
+                f"the request brings {nbytes} (max_bytes_in_flight {self.max_bytes})"
             )
         rid = header.request_id
-        if rid in link.pending:
-            raise ResourceExhausted(f"request id {rid} is already in flight on worker {worker_id}")
+        frames = wire.encode(header, inputs)
+        # NOBLOCK: pyzmq sends at once and hands back a finished future (never waits, never queues)
+        sent = link.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        failure = sent.exception() if sent.done() else None
+        if failure is not None:
+            if isinstance(failure, zmq.Again):
+                raise NotSent(f"worker {worker_id}'s link is full or not connected")
+            raise NotSent(f"worker {worker_id}: the send failed ({failure})")
         future: asyncio.Future[wire.Message] = asyncio.get_running_loop().create_future()
-        link.pending[rid] = future
+        entry = _Pending(future, header.model, nbytes, time.monotonic())
+        link.pending[rid] = entry
+        link.models[header.model] += 1
+        self.loads[worker_id] += 1
+        self.nbytes += nbytes
         try:
-            await link.sock.send_multipart(wire.encode(header, inputs), copy=False)
             async with asyncio.timeout(timeout_s):
                 return await future
         except TimeoutError:
+            self._abandon(entry)
             raise DeadlineExceeded(
-                f"worker {worker_id} did not answer request {rid} within {timeout_s * 1000:.0f} ms"
+                f"worker {worker_id} did not answer within {timeout_s * 1000:.0f} ms (request {rid})"
             ) from None
-        finally:
-            link.pending.pop(rid, None)
+        except asyncio.CancelledError:  # the client went away: the worker may still be running it
+            self._abandon(entry)
+            raise
+
+    @staticmethod
+    def _abandon(entry: _Pending) -> None:
+        """Given up by the router: counted until the worker answers (or its link fails)."""
+        entry.future = None
+        entry.since = time.monotonic()
+
+    def mark_draining(self, worker_id: str) -> None:
+        """The worker answered "draining": choose it no more (until it connects again)."""
+        link = self._links.get(worker_id)
+        if link is not None and not link.draining:
+            link.draining = True
+            log.info("worker %s is draining: no new requests go to it", worker_id)
+
+    def _finish(self, worker_id: str, link: _Link, rid: str) -> _Pending | None:
+        entry = link.pending.pop(rid, None)
+        if entry is not None:
+            left = link.models[entry.model] - 1
+            if left:
+                link.models[entry.model] = left
+            else:
+                del link.models[entry.model]
+            self.loads[worker_id] -= 1
+            self.nbytes -= entry.nbytes
+        return entry
+
+    def _fail_all(self, worker_id: str, link: _Link, why: str) -> None:
+        for rid in list(link.pending):
+            entry = self._finish(worker_id, link, rid)
+            if entry is not None and entry.future is not None and not entry.future.done():
+                entry.future.set_exception(
+                    MayHaveStarted(f"worker {worker_id} {why} while the request was in flight")
+                )
 
     async def _receive(self, link: _Link) -> None:
+        worker_id = link.endpoint.id
+        received = 0
         while True:
+            received += 1
+            if not received % _YIELD_EVERY:  # a backlog completes every recv at once: let others run
+                await asyncio.sleep(0)
             try:
                 frames = await link.sock.recv_multipart(copy=False)
-                msg = wire.decode(frames, self._limits)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 self._on_error("zmq_reply")
-                log.warning("bad reply from worker %s: %s", link.endpoint.id, exc)
+                log.warning("receiving from worker %s failed: %s", worker_id, exc)
                 continue
-            future = link.pending.get(msg.header.request_id)
-            if future is not None and not future.done():
-                future.set_result(msg)
+            try:
+                header = wire.parse_header(frames[0], self.limits)
+            except MCPError as exc:
+                self._on_error("zmq_reply")
+                log.warning("worker %s sent a reply that does not parse (%s); it matches no request",
+                            worker_id, exc.message)  # fmt: skip
+                continue
+            entry = self._finish(worker_id, link, header.request_id)
+            if entry is None or entry.future is None or entry.future.done():
+                self._on_late()  # the router gave up on it (or never sent it): dropped by id
+                continue
+            try:
+                msg = wire.Message(header, wire.tensors_of(header, frames[1:], self.limits))
+            except MCPError as exc:
+                self._on_error("zmq_reply")
+                entry.future.set_exception(
+                    Internal(f"worker {worker_id} sent a reply that does not decode: {exc.message}")
+                )
+                continue
+            entry.future.set_result(msg)
 
     async def _watch(self, link: _Link) -> None:
+        worker_id = link.endpoint.id
         while True:
             try:
                 event = parse_monitor_message(await link.monitor.recv_multipart())
@@ -174,7 +321,20 @@ class Forwarder:
             except Exception:
                 return  # the monitor closed with its link
             if event["event"] == zmq.EVENT_DISCONNECTED:
-                link.down = True
-                link.fail_all("disconnected")
+                was_up, link.down = not link.down, True
+                self._fail_all(worker_id, link, "disconnected")
+                if was_up:
+                    log.warning("worker %s disconnected", worker_id)
+                self._on_link_down(worker_id)
             elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                link.down = False
+                link.down, link.draining = False, False
+
+    async def _sweep(self) -> None:
+        """Forget abandoned requests a worker never answered (it lost them), so loads cannot creep up."""
+        while True:
+            await asyncio.sleep(_SWEEP_S)  # a periodic clean-up, not a synchronisation
+            cutoff = time.monotonic() - self._abandon_s
+            for worker_id, link in list(self._links.items()):
+                for rid, entry in list(link.pending.items()):
+                    if entry.future is None and entry.since < cutoff:
+                        self._finish(worker_id, link, rid)

@@ -19,7 +19,6 @@ Invariants:
 from __future__ import annotations
 
 import math
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,7 +101,7 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         inputs = decode_inputs(request)
         requested = _requested_outputs(request)
         options = infer_options(request.parameters, _time_remaining(context))
-        request_id = request.id or uuid.uuid4().hex
+        request_id = request.id  # the client's: only echoed in the response (the wire id is the router's)
         result = await self._dataplane.infer(
             request.model_name,
             request.model_version,

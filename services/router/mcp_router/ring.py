@@ -14,7 +14,9 @@ Invariants:
   both give the same owner (tested at every vnode and bucket edge).
 - An empty ring has no owner for any key: ``lookup`` and ``lookup_bounded`` raise ``EmptyRing`` (an
   ``Unavailable``, so retryable); the router catches it to add the model's name to the message.
-  ``preference`` on an empty ring yields nothing.
+- ``lookup_bounded`` is the router's one pick: the owner when it is below its cap, else the next distinct
+  nodes in ring order; nodes in ``exclude`` (tried, disconnected, draining, full) are passed over and the
+  caps are shared among the others.
 
 Pure: no I/O, nothing here knows about gRPC, ZeroMQ or etcd.
 """
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Set
 from itertools import repeat
 from types import MappingProxyType
 
@@ -178,17 +180,8 @@ class HashRing:
         except IndexError:  # only an empty ring has no owner at any index (see the sentinel in _build)
             raise EmptyRing() from None
 
-    def preference(self, key: str | bytes, limit: int | None = None) -> Iterator[str]:
-        """Distinct nodes in ring order from ``key``'s position: the owner first, then where a retry goes.
-
-        Yields each node at most once, at most ``limit`` of them (all by default); nothing on an empty ring.
-        """
-        if not self._hashes:
-            return iter(())
-        want = len(self._nodes) if limit is None else min(limit, len(self._nodes))
-        return self._walk(bisect_left(self._hashes, ring_hash(key)), want)
-
     def _walk(self, start: int, want: int) -> Iterator[str]:
+        """Distinct nodes in ring order from vnode ``start``: the owner first, then where an overflow goes."""
         owners, size = self._owners, len(self._hashes)
         seen: set[str] = set()
         for step in range(size):
@@ -200,7 +193,13 @@ class HashRing:
                 yield node
 
     def lookup_bounded(
-        self, key: str | bytes, loads: Mapping[str, int], c: float = 1.25, *, total: int | None = None
+        self,
+        key: str | bytes,
+        loads: Mapping[str, int],
+        c: float = 1.25,
+        *,
+        total: int | None = None,
+        exclude: Set[str] = frozenset(),
     ) -> str | None:
         """Consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam, 2018).
 
@@ -209,27 +208,35 @@ class HashRing:
         stays O(log v)). A node may take the request while its load is below its cap,
         ``ceil(c * (total + 1) * weight / sum(weights))``, which is ``ceil(c * (total + 1) / n)`` when the
         weights are equal. The owner is tried first, then the next distinct nodes in ring order, so a hot
-        key overflows to the same few neighbours every time.
+        key overflows to the same few neighbours every time. Nodes in ``exclude`` are never chosen; the
+        caps are then shared among the others (``total`` and the weights count only them).
 
-        Returns None only when every node is at its cap. With ``c >= 1`` that cannot happen while
-        ``total`` is the true sum of non-negative loads, because the caps add up to at least ``total + 1``;
-        a ``c < 1``, negative loads or a ``total`` below the loads' sum can make it happen.
-        Raises ``EmptyRing`` on an empty ring.
+        Returns None when no node may take it: every one is excluded or at its cap. With ``c >= 1`` and
+        nothing excluded the latter cannot happen while ``total`` is the true sum of non-negative loads,
+        because the caps add up to at least ``total + 1``. Raises ``EmptyRing`` on an empty ring.
         """
         hashes = self._hashes
         if not hashes:
             raise EmptyRing()
         weights = self._nodes
-        if total is None:
+        per_weight = self._total_weight
+        if exclude:
+            kept = [n for n in weights if n not in exclude]
+            if not kept:
+                return None
+            total = sum(map(loads.get, kept, repeat(0)))
+            per_weight = sum(weights[n] for n in kept)
+        elif total is None:
             total = sum(map(loads.get, weights, repeat(0)))
         # c * (total + 1) * w / W: multiplying before dividing keeps equal weights exact (no 1/3 rounding).
         budget = c * (total + 1)
-        per_weight = self._total_weight
-        start = bisect_left(hashes, ring_hash(key))
-        owner = self._owners[start]
-        if loads.get(owner, 0) < math.ceil(budget * weights[owner] / per_weight):
-            return owner  # the common case: no generator, no set
-        for node in self._walk(start, len(weights)):
-            if loads.get(node, 0) < math.ceil(budget * weights[node] / per_weight):
+        h = xxh3_64_intdigest(key.encode() if isinstance(key, str) else key)
+        owner = self._table[h >> self._shift]
+        if owner is None:
+            owner = self._owners[bisect_left(hashes, h)]
+        if owner not in exclude and loads.get(owner, 0) < math.ceil(budget * weights[owner] / per_weight):
+            return owner  # the common case: one table read, no generator, no set
+        for node in self._walk(bisect_left(hashes, h), len(weights)):
+            if node not in exclude and loads.get(node, 0) < math.ceil(budget * weights[node] / per_weight):
                 return node
         return None

@@ -1,18 +1,29 @@
 """``Router``: the DataPlane over the routing table and the forwarder (the one request path of all APIs).
 
-Per request: pick the version (explicit; else breaker level 3 → fallback; else the split in force, the
-canary sticky by routing key and dropped while the breaker is above 0), pick the worker on that version's
-ring by bounded loads, forward over ZeroMQ, and retry on the next distinct ring node when the worker went
-away or said the request was not started. Retries draw from a budget (a fraction of recent requests), so
-they cannot amplify an outage. Nothing here awaits etcd.
+Per request: pick the version (explicit, and declared, else NOT_FOUND; else breaker level 3 → fallback;
+else the split in force through ``split.choose_version``, the canary sticky by routing key and dropped
+while the breaker is above 0), pick the worker with the ring's bounded-load lookup (the one pick, over
+virtual nodes weighted by capacity), forward over ZeroMQ under this router's own correlation id, and
+decide what a failure allows (DESIGN.md 7, delivery):
+
+- not sent (link down, draining or full) or answered "not started" by the worker: the next distinct ring
+  node may take it, whatever the model; a "draining" answer also stops choosing that worker;
+- the worker's link failed while it held the request ("may have started"): an idempotent model is sent
+  once more elsewhere, any other model fails UNAVAILABLE "may have started" (never run twice);
+- anything else the worker answered is the answer.
+
+Retries after a start was possible, and after an overload refusal, draw from a budget (a fraction of
+recent requests), so they cannot amplify an outage; every retry is counted by reason. Client errors
+(unknown model or version, bad input, priority out of range) are ``NOT_FOUND``/``INVALID_ARGUMENT`` and
+are never counted toward breakers; metric labels only ever name models this router knows. Nothing here
+awaits etcd.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -23,18 +34,27 @@ from mcp_router.dataplane import (
     ModelMetadata,
     RouteDecision,
 )
-from mcp_router.forwarder import Forwarder, WorkerGone
-from mcp_router.ring import HashRing
+from mcp_router.forwarder import Forwarder, MayHaveStarted, NotSent
 from mcp_router.snapshot import ModelRoute, Snapshots
-from mcp_router.split import SmoothWeightedRoundRobin, canary_for_key
-from mcp_router.stats import RequestStats
+from mcp_router.split import SmoothWeightedRoundRobin, choose_version
+from mcp_router.stats import UNKNOWN, RequestStats
 from mcpapi.v2 import tensor_pb2
 from mcpcore import wire
-from mcpcore.errors import InvalidArgument, MCPError, NotFound, Unavailable, error_class
+from mcpcore.errors import (
+    DeadlineExceeded,
+    InvalidArgument,
+    MCPError,
+    NotFound,
+    Unavailable,
+    error_class,
+    error_for_code,
+    not_started,
+)
 
 __all__ = ["RetryBudget", "Router"]
 
 FLAG_SECONDARY_OFF = tensor_pb2.FLAG_SECONDARY_FEATURES_OFF
+MAX_PRIORITY = (1 << 32) - 1  # TensorHeader.priority is a uint32
 
 
 class RetryBudget:
@@ -51,6 +71,29 @@ class RetryBudget:
             self._tokens -= 1.0
             return True
         return False
+
+
+@dataclass(slots=True)
+class _Attempts:
+    """One request's tries: the workers tried, its one resend after "may have started", the last error."""
+
+    deadline: float
+    tried: set[str] = field(default_factory=set)
+    resent: bool = False
+    last: MCPError | None = None
+    again: str = ""  # why the next send is a retry (mcp_router_retries_total{reason})
+
+    def failed(self, worker: str, error: MCPError, again: str) -> None:
+        self.tried.add(worker)
+        self.last, self.again = error, again
+
+
+def _not_loaded(model: str) -> NotFound:
+    return NotFound(f"model {model} is not loaded; load it first (RepositoryModelLoad or LoadModel)")
+
+
+def _no_worker(model: str, version: str) -> Unavailable:
+    return not_started(Unavailable(f"no worker of model {model} version {version} could take the request"))
 
 
 class Router(DataPlane):
@@ -75,8 +118,6 @@ class Router(DataPlane):
         self._rr: dict[str, SmoothWeightedRoundRobin] = {}
         self._scheduler_load = scheduler_load
         self._scheduler_unload = scheduler_unload
-        self._ids = itertools.count()
-        self._prefix = uuid.uuid4().hex[:8]
 
     # -- health and metadata ---------------------------------------------------------------------------
     def live(self) -> bool:
@@ -88,7 +129,7 @@ class Router(DataPlane):
     def _model(self, model: str) -> ModelRoute:
         route = self._snap.table.models.get(model)
         if route is None:
-            raise NotFound(f"model {model} is not loaded; load it first (RepositoryModelLoad or LoadModel)")
+            raise _not_loaded(model)
         return route
 
     def model_ready(self, model: str, version: str = "") -> bool:
@@ -132,6 +173,9 @@ class Router(DataPlane):
         level = route.breaker_level(now)
         flags = FLAG_SECONDARY_OFF if level >= 2 else 0
         if version:
+            if not route.knows(version):
+                declared = sorted(route.declared | set(route.rings), key=int)
+                raise NotFound(f"model {route.name} has no version {version}; it declares {declared}")
             return version, level, flags
         if level >= 3 and route.fallback_version and route.fallback_version in route.rings:
             return route.fallback_version, level, flags
@@ -139,42 +183,54 @@ class Router(DataPlane):
         if split is None:
             if route.load_on_demand:
                 self._stats.demand(route.name)
-                raise Unavailable(f"model {route.name} is being loaded on demand; retry in a second")
-            raise Unavailable(f"model {route.name} has no version in service yet; retry shortly")
-        if split.canary and split.canary_percent and level == 0:
-            if key:
-                if canary_for_key(key, split.canary_percent, salt=route.name):
-                    return split.canary, level, flags
-            else:
-                rr = self._rr.get(route.name)
-                weights = {split.stable: 100 - split.canary_percent, split.canary: split.canary_percent}
-                if rr is None or rr.weights != weights:
-                    rr = self._rr[route.name] = SmoothWeightedRoundRobin(weights)
-                return rr.pick(), level, flags
-        return split.stable, level, flags
+                raise not_started(
+                    Unavailable(f"model {route.name} is being loaded on demand; retry in a second")
+                )
+            raise not_started(Unavailable(f"model {route.name} has no version in service yet; retry shortly"))
+        canary = split.canary if level == 0 else None  # any breaker level drops the canary
+        rr = None
+        if canary and 0 < split.canary_percent < 100 and not key:
+            rr = self._rr.get(route.name)
+            weights = {split.stable: 100 - split.canary_percent, canary: split.canary_percent}
+            if rr is None or rr.weights != weights:
+                rr = self._rr[route.name] = SmoothWeightedRoundRobin.for_canary(
+                    split.stable, canary, split.canary_percent
+                )
+        return choose_version(split.stable, canary, split.canary_percent, key, rr), level, flags
 
-    def _ring(self, route: ModelRoute, version: str) -> HashRing:
+    def _pick(self, route: ModelRoute, version: str, key: str, tried: set[str]) -> str:
+        """The worker for ``key`` on ``version``'s ring: bounded loads over the workers that may take it."""
         ring = route.rings.get(version)
-        if ring is None:
-            raise Unavailable(f"model {route.name} version {version} has no RUNNING replica; retry shortly")
-        return ring
-
-    def _pick(self, route: ModelRoute, ring: HashRing, key: str, exclude: set[str]) -> str:
-        nodes = [n for n in ring.preference(key) if n not in exclude and not self._fwd.is_down(n)]
-        if not nodes:
-            raise Unavailable(f"no worker of model {route.name} could take the request; retry shortly")
-        loads = self._fwd.loads(nodes)
-        cap = self._c * (sum(loads.values()) + 1) / len(nodes)
-        for node in nodes:
-            if loads[node] < cap:
-                return node
-        self._stats.overflow(route.name)
-        return nodes[0]
+        if not ring:
+            raise not_started(
+                Unavailable(f"model {route.name} version {version} has no RUNNING replica; retry shortly")
+            )
+        fwd, limit = self._fwd, route.max_ongoing.get(version, 0)
+        exclude = set(tried)
+        full = 0
+        for node in ring.nodes:
+            if node in exclude or not fwd.usable(node):
+                exclude.add(node)
+            elif limit and fwd.in_flight(node, route.name) >= limit:
+                exclude.add(node)
+                full += 1
+        node = ring.lookup_bounded(key, fwd.loads, self._c, exclude=exclude)
+        if node is not None:
+            return node
+        if full:
+            self._stats.overflow(route.name)
+            raise not_started(
+                Unavailable(
+                    f"exceeds maximum queue size: every replica of {route.name}/{version} that could take "
+                    f"the request has {limit} in flight (max_ongoing_requests); retry later"
+                )
+            )
+        raise _no_worker(route.name, version)
 
     def route(self, model: str, version: str = "", routing_key: str = "") -> RouteDecision:
         route = self._model(model)
         chosen, level, flags = self._version(route, version, routing_key, time.time())
-        worker = self._pick(route, self._ring(route, chosen), routing_key or uuid.uuid4().hex, set())
+        worker = self._pick(route, chosen, routing_key or self._fwd.new_id(), set())
         endpoint = self._snap.table.workers[worker]
         return RouteDecision(model, chosen, worker, endpoint.zmq, level, flags)
 
@@ -192,20 +248,24 @@ class Router(DataPlane):
         outputs: tuple[str, ...] = (),
         parameters: Mapping[str, str] | None = None,
     ) -> InferResult:
+        """``request_id`` is the client's: only echoed by the front ends, never put on the wire."""
         started = time.perf_counter()
         self._budget.earn()
+        route = self._snap.table.models.get(model)
+        label = model if route is not None else UNKNOWN  # only names of models that exist
         try:
+            if route is None:
+                raise _not_loaded(model)
+            if not 0 <= priority <= MAX_PRIORITY:
+                raise InvalidArgument(
+                    f"priority {priority} is out of range: use 0 (the model's default) .. {MAX_PRIORITY}"
+                )
             result = await self._infer(
-                model,
-                version,
-                request_id,
-                inputs,
-                routing_key=routing_key,
-                priority=priority,
-                timeout_s=timeout_s,
+                route, version, inputs, routing_key=routing_key, priority=priority, timeout_s=timeout_s
             )
         except MCPError as err:
-            self._stats.record(model, version, error_class(err), time.perf_counter() - started, err.code.name)
+            shown = version if route is not None and route.knows(version) else (UNKNOWN if version else "")
+            self._stats.record(label, shown, error_class(err), time.perf_counter() - started, err.code.name)
             raise
         self._stats.record(model, result.version, None, time.perf_counter() - started, "OK")
         if outputs:
@@ -221,43 +281,79 @@ class Router(DataPlane):
 
     async def _infer(
         self,
-        model: str,
+        route: ModelRoute,
         version: str,
-        request_id: str,
         inputs: Mapping[str, np.ndarray],
         *,
         routing_key: str,
         priority: int,
         timeout_s: float | None,
     ) -> InferResult:
-        route = self._model(model)
-        deadline = time.monotonic() + (timeout_s or self._timeout)
-        rid = request_id or f"{self._prefix}-{next(self._ids)}"
+        model = route.name
         chosen, _level, flags = self._version(route, version, routing_key, time.time())
+        attempts = _Attempts(time.monotonic() + (timeout_s or self._timeout))
+        rid = self._fwd.new_id()
         key = routing_key or rid
-        tried: set[str] = set()
+        nbytes = sum(a.nbytes for a in inputs.values())
+        features = self._snap.table.features_off if flags & FLAG_SECONDARY_OFF else ()
         while True:
-            ring = self._ring(self._snap.table.models.get(model, route), chosen)
-            worker = self._pick(route, ring, key, tried)
-            left = deadline - time.monotonic()
+            route = self._snap.table.models.get(model, route)
+            try:
+                worker = self._pick(route, chosen, key, attempts.tried)
+            except Unavailable as err:  # none left: the last worker's answer says the most
+                raise attempts.last or err from None
+            left = attempts.deadline - time.monotonic()
+            if left <= 0:
+                raise attempts.last or DeadlineExceeded(f"request to {model}/{chosen} ran out of time")
+            if attempts.again:
+                self._stats.retried(attempts.again)
             header = tensor_pb2.TensorHeader(
                 kind=tensor_pb2.KIND_REQUEST, request_id=rid, model=model, version=chosen,
                 timeout_us=max(1, int(left * 1e6)), priority=priority, flags=flags,
             )  # fmt: skip
+            if features:
+                header.parameters[wire.PARAM_FEATURES_OFF] = ",".join(features)
             try:
-                reply = await self._fwd.send(worker, header, inputs, timeout_s=max(left, 0.001))
-            except WorkerGone:
-                tried.add(worker)
-                if self._may_retry(deadline):
-                    continue
-                raise
-            if reply.header.status_code:
-                # the worker said it did not start the request (stopping, draining): another one may
-                if reply.header.flags & wire.FLAG_RETRYABLE and self._may_retry(deadline):
-                    tried.add(worker)
-                    continue
-                wire.raise_for_status(reply.header)
-            return InferResult(model, reply.header.version or chosen, worker, reply.named())
+                reply = await self._fwd.send(worker, header, inputs, timeout_s=left, nbytes=nbytes)
+            except NotSent as err:  # never left this router: another worker may take it, no budget
+                attempts.failed(worker, not_started(err), "not_sent")
+                continue
+            except MayHaveStarted as err:
+                if not self._resend(route, chosen, worker, attempts):
+                    self._stats.may_have_started(model)
+                    raise Unavailable(
+                        f"{err.message}; it may have started, so it was not sent again (model {model} is "
+                        "not idempotent, or its one resend is spent): retry only if running it twice is safe"
+                    ) from None
+                continue
+            if not reply.header.status_code:
+                return InferResult(model, reply.header.version or chosen, worker, reply.named())
+            self._refused(worker, reply.header, attempts)
+
+    def _resend(self, route: ModelRoute, version: str, worker: str, attempts: _Attempts) -> bool:
+        """After "may have started": whether the request goes out once more (idempotent models only)."""
+        attempts.tried.add(worker)
+        if (
+            attempts.resent
+            or not route.idempotent.get(version, True)
+            or not self._may_retry(attempts.deadline)
+        ):
+            return False
+        attempts.resent, attempts.again = True, "may_have_started"
+        return True
+
+    def _refused(self, worker: str, header: tensor_pb2.TensorHeader, attempts: _Attempts) -> None:
+        """A worker's error reply: raise it, unless it says "not started" and another worker may try."""
+        if not header.flags & wire.FLAG_RETRYABLE:
+            wire.raise_for_status(header)
+        error = not_started(error_for_code(header.status_code, header.status_message or "worker error"))
+        if header.flags & wire.FLAG_DRAINING:  # leaving: choose it no more; resending costs it nothing
+            self._fwd.mark_draining(worker)
+            attempts.failed(worker, error, "draining")
+            return
+        if not self._may_retry(attempts.deadline):
+            raise error
+        attempts.failed(worker, error, "not_started")
 
     def _may_retry(self, deadline: float) -> bool:
         return time.monotonic() < deadline and self._budget.spend()

@@ -2,10 +2,15 @@
 
 The gRPC port answers as soon as it is bound; ``ServerReady`` (and ``grpc.health.v1``) turn SERVING once
 the first snapshot is synced from etcd. After that, etcd may come and go: requests route on the last table.
+
+A graceful stop (SIGTERM) drains: ``grpc.health.v1`` says NOT_SERVING for ``shutdown_delay_s`` (clients
+with several routers and balancers move away), then the server refuses new calls and gives in-flight ones
+up to ``drain_timeout_s``; only then do the links to the workers close. No admitted request is cut off.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -27,6 +32,7 @@ from mcpapi.v2 import inference_pb2_grpc as v2_grpc
 from mcpcore.errors import from_rpc_error
 from mcpcore.etcd_store import EtcdStore
 from mcpcore.keys import Keyspace
+from mcpcore.looplag import LoopLagMonitor
 from mcpcore.metrics import start_metrics_server
 from mcpcore.serving import GrpcService
 
@@ -45,11 +51,19 @@ class RouterServer:
         self.keys = Keyspace(config.etcd_prefix)
         self.store = EtcdStore(config.etcd_endpoints, timeout=config.etcd_timeout_s)
         self.forwarder = Forwarder(
-            max_in_flight=config.max_in_flight_per_worker, on_error=self.metrics.count_loop_error
+            max_in_flight=config.max_in_flight_per_worker,
+            max_bytes=config.max_bytes_in_flight,
+            heartbeat_s=config.link_heartbeat_s,
+            heartbeat_timeout_s=config.link_timeout_s,
+            on_error=self.metrics.count_loop_error,
+            on_link_down=self._link_down,
+            on_late=self.metrics.late_replies.inc,
         )
         self.snapshots = Snapshots(
             self.store,
             self.keys,
+            link_ok=self.forwarder.link_ok,
+            grace_s=config.worker_grace_s,
             on_rejected=self.metrics.count_config_rejected,
             on_error=self.metrics.count_loop_error,
             on_applied=self.metrics.watch_apply.labels("router").observe,
@@ -88,9 +102,11 @@ class RouterServer:
         )
         self._metrics_server: Any = None
         self.endpoints: dict[str, str] = {}
+        self._lag = LoopLagMonitor(self.metrics.loop_lag.observe)
 
     async def start(self) -> dict[str, str]:
         cfg = self.config
+        self._lag.start()
         self._metrics_server, metrics_port = start_metrics_server(
             cfg.metrics_port, cfg.metrics_host, registry=self.metrics.registry
         )
@@ -112,13 +128,19 @@ class RouterServer:
         return self.endpoints
 
     async def stop(self) -> None:
-        await self.grpc.stop()
+        await self.grpc.set_not_serving()
+        await asyncio.sleep(self.config.shutdown_delay_s)  # a notice period, not a synchronisation
+        await self.grpc.stop(grace_s=self.config.drain_timeout_s)  # in-flight calls finish first
         await self.publisher.stop()
         await self.snapshots.stop()
         await self.forwarder.close()
         await self.store.close()
+        await self._lag.stop()
         if self._metrics_server is not None:
             self._metrics_server.stop()
+
+    def _link_down(self, worker: str) -> None:
+        self.snapshots.link_down(worker)
 
     def _swapped(self, old: RoutingTable, new: RoutingTable) -> None:
         if old.workers != new.workers:

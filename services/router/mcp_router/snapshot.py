@@ -3,11 +3,19 @@
 Invariants:
 - Nothing on the request path touches etcd: requests read ``Snapshots.table``, a frozen value that the watch
   loop replaces whole. With etcd down, routers keep routing on the last table.
-- Only RUNNING replicas on registered workers are in a ring; a worker whose lease lapsed leaves every ring
-  in the same swap.
+- Only RUNNING replicas on registered workers are in a ring, and only records of the worker's current
+  incarnation: a record left by an earlier process under the same worker id (restarted, killed) is stale
+  and routes nothing. Virtual nodes are weighted by each worker's declared ``capacity``.
+- A worker whose record vanished (its lease expired) while its ZeroMQ link is healthy is kept for
+  ``grace_s`` with the replicas it had: the lease may have lapsed only because etcd was frozen or away.
+  It is dropped at once when its link fails, when the grace runs out, or when it registers again (then
+  its records, written in the same transaction as its record, say what it holds).
+- A worker whose record says ``draining`` takes no new requests (it stays in the table so that its
+  in-flight requests are answered).
 - Per batch of etcd events only the models they touch are rebuilt; ``mcp_watch_apply_seconds`` measures
   event arrival → new table in use.
-- A breaker document that does not parse is rejected (logged, counted), and the last good level stays.
+- A breaker document or policy that does not parse is rejected (logged, counted), and the last good value
+  stays.
 """
 
 from __future__ import annotations
@@ -15,16 +23,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from mcp_router.dataplane import ModelMetadata, TensorMeta
 from mcp_router.ring import HashRing
-from mcpcore.breaker import BreakerDoc, parse_breaker
+from mcpcore.breaker import BreakerDoc, parse_breaker, parse_policy
 from mcpcore.errors import InvalidArgument
 from mcpcore.keys import Keyspace
 from mcpcore.mirror import PrefixMirror
+from mcpcore.modelspec import DEFAULT_MAX_ONGOING_REQUESTS
 from mcpcore.store import EventType, Store
 
 __all__ = ["ModelRoute", "RoutingTable", "Snapshots", "Split", "WorkerEndpoint"]
@@ -37,6 +47,9 @@ class WorkerEndpoint:
     id: str
     zmq: str
     curve_public_key: str = ""
+    incarnation: str = ""
+    capacity: float = 1.0
+    draining: bool = False
 
 
 @dataclass(frozen=True)
@@ -55,9 +68,15 @@ class ModelRoute:
     fallback_version: str | None = None
     load_on_demand: bool = False
     metadata: ModelMetadata | None = None
+    declared: frozenset[str] = frozenset()  # versions the spec names (any other is NOT_FOUND)
+    idempotent: Mapping[str, bool] = field(default_factory=dict)  # version -> may run twice (default yes)
+    max_ongoing: Mapping[str, int] = field(default_factory=dict)  # version -> requests per replica
 
     def breaker_level(self, now: float) -> int:
         return self.breaker.level_at(now)
+
+    def knows(self, version: str) -> bool:
+        return version in self.declared or version in self.rings
 
 
 @dataclass(frozen=True)
@@ -65,6 +84,16 @@ class RoutingTable:
     models: Mapping[str, ModelRoute] = field(default_factory=dict)
     workers: Mapping[str, WorkerEndpoint] = field(default_factory=dict)
     revision: int = 0
+    features_off: tuple[str, ...] = ()  # the breaker policy's level-2 features
+
+
+@dataclass
+class _Ghost:
+    """A worker whose record vanished while its link was healthy, and what it was serving then."""
+
+    endpoint: WorkerEndpoint
+    since: float
+    running: dict[tuple[str, str], dict[str, Any]]  # (model, version) -> its replica record
 
 
 class Snapshots:
@@ -75,19 +104,28 @@ class Snapshots:
         store: Store,
         keys: Keyspace,
         *,
+        link_ok: Callable[[str], bool] = lambda worker: False,
+        grace_s: float = 30.0,
         on_rejected: Callable[[str], None] = lambda key: None,
         on_error: Callable[[str], None] = lambda loop: None,
         on_applied: Callable[[float], None] = lambda seconds: None,
         on_swap: Callable[[RoutingTable, RoutingTable], None] = lambda old, new: None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._keys = keys
+        self._link_ok = link_ok
+        self._grace = grace_s
         self._on_rejected = on_rejected
         self._on_swap = on_swap
+        self._clock = clock
         self._workers: dict[str, WorkerEndpoint] = {}
+        self._ghosts: dict[str, _Ghost] = {}
         self._replicas: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}  # model -> (v, w) -> record
         self._routing: dict[str, Split] = {}
         self._specs: dict[str, dict[str, Any]] = {}
         self._breakers: dict[str, BreakerDoc] = {}
+        self._features_off: tuple[str, ...] = ()
+        self._expiry: asyncio.Task[None] | None = None
         self.table = RoutingTable()
         self.mirror = PrefixMirror(
             store, keys.prefix + "/", on_change=self._changed, on_error=on_error, on_applied=on_applied,
@@ -100,10 +138,57 @@ class Snapshots:
 
     async def start(self) -> None:
         await self.mirror.start()
+        self._expiry = asyncio.create_task(self._expire_ghosts(), name="router-ghosts")
 
     async def stop(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            await asyncio.gather(self._expiry, return_exceptions=True)
         await self.mirror.stop()
 
+    # -- ghosts ----------------------------------------------------------------------------------------
+    @property
+    def ghosts(self) -> frozenset[str]:
+        """Workers kept past their lease because their link is healthy."""
+        return frozenset(self._ghosts)
+
+    def link_down(self, worker: str) -> None:
+        """The forwarder lost ``worker``'s link: a worker kept past its lease goes now."""
+        if self._ghosts.pop(worker, None) is not None:
+            log.warning("worker %s: its link failed while its lease was gone; dropped from routing", worker)
+            self._swap(set(), all_models=True)
+
+    async def _expire_ghosts(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self._grace / 4))  # a periodic check, not a synchronisation
+            now = self._clock()
+            gone = [
+                w for w, g in self._ghosts.items() if now - g.since >= self._grace or not self._link_ok(w)
+            ]
+            for worker in gone:
+                del self._ghosts[worker]
+                log.warning("worker %s did not register again within %.0fs; dropped", worker, self._grace)
+            if gone:
+                self._swap(set(), all_models=True)
+
+    def _lost(self, worker: str) -> None:
+        """``worker``'s record is gone: keep it as a ghost if its link is healthy."""
+        endpoint = self._workers.pop(worker, None)
+        if endpoint is None or endpoint.draining or not self._link_ok(worker):
+            return  # a drained worker revokes its lease on purpose
+        running = {
+            (model, version): doc
+            for model, records in self._replicas.items()
+            for (version, w), doc in records.items()
+            if w == worker and _serves(doc, endpoint)
+        }
+        self._ghosts[worker] = _Ghost(endpoint, self._clock(), running)
+        log.warning(
+            "worker %s: its record is gone but its link is healthy; routing to it for up to %.0fs "
+            "(etcd may be away)", worker, self._grace,
+        )  # fmt: skip
+
+    # -- applying events -------------------------------------------------------------------------------
     def _changed(self, keys: set[str]) -> None:
         dirty: set[str] = set()
         workers_changed = False
@@ -116,22 +201,12 @@ class Snapshots:
         if dirty or workers_changed or not self.table.revision:
             self._swap(dirty, all_models=workers_changed or not self.table.revision)
 
-    # -- applying events: return the model touched, "*" for a worker, "" for nothing ------------------
     def _apply(self, kind: EventType, key: str, value: bytes) -> str:
+        """Apply one event; returns the model touched, "*" for a worker or the policy, "" for nothing."""
         k = self._keys
         deleted = kind is EventType.DELETE
         if (wk := k.parse_worker_key(key)) is not None:
-            if wk[1]:
-                return ""
-            if deleted:
-                self._workers.pop(wk[0], None)
-            else:
-                doc = _json(value)
-                if isinstance(doc, dict) and isinstance(doc.get("zmq"), str):
-                    self._workers[wk[0]] = WorkerEndpoint(
-                        wk[0], doc["zmq"], str(doc.get("curve_public_key", ""))
-                    )
-            return "*"
+            return self._apply_worker(wk[0], None if deleted else value) if not wk[1] else ""
         if (rid := k.parse_replica_key(key)) is not None:
             records = self._replicas.setdefault(rid.model, {})
             doc = None if deleted else _json(value)
@@ -141,22 +216,7 @@ class Snapshots:
                 records.pop((rid.version, rid.worker), None)
             return rid.model
         if (mk := k.parse_model_key(key)) is not None:
-            model, what = mk
-            if what == "routing":
-                split = None if deleted else _split(value)
-                if split is None:
-                    self._routing.pop(model, None)
-                else:
-                    self._routing[model] = split
-                return model
-            if what == "spec":
-                doc = None if deleted else _json(value)
-                if isinstance(doc, dict):
-                    self._specs[model] = doc
-                else:
-                    self._specs.pop(model, None)
-                return model
-            return ""
+            return self._apply_model(mk[0], mk[1], None if deleted else value)
         if (model := k.parse_breaker_key(key)) is not None:
             if deleted:
                 self._breakers.pop(model, None)
@@ -168,8 +228,60 @@ class Snapshots:
                 log.warning("rejected %s: %s (the last good level stays)", key, exc.message)
                 return ""
             return model
+        if key == k.breaker_config():
+            return self._apply_policy(None if deleted else value)
         return ""
 
+    def _apply_worker(self, worker: str, value: bytes | None) -> str:
+        if value is None:
+            self._lost(worker)
+            return "*"
+        doc = _json(value)
+        if not isinstance(doc, dict) or not isinstance(doc.get("zmq"), str):
+            return ""
+        self._ghosts.pop(worker, None)  # registered again: its records say what it holds
+        capacity = doc.get("capacity", 1.0)
+        valid = isinstance(capacity, int | float) and not isinstance(capacity, bool) and 0 < capacity < 1e6
+        self._workers[worker] = WorkerEndpoint(
+            worker,
+            doc["zmq"],
+            str(doc.get("curve_public_key", "")),
+            str(doc.get("incarnation", "")),
+            float(capacity) if valid else 1.0,
+            bool(doc.get("draining")),
+        )
+        return "*"
+
+    def _apply_model(self, model: str, what: str, value: bytes | None) -> str:
+        if what == "routing":
+            split = None if value is None else _split(value)
+            if split is None:
+                self._routing.pop(model, None)
+            else:
+                self._routing[model] = split
+            return model
+        if what == "spec":
+            doc = None if value is None else _json(value)
+            if isinstance(doc, dict):
+                self._specs[model] = doc
+            else:
+                self._specs.pop(model, None)
+            return model
+        return ""
+
+    def _apply_policy(self, value: bytes | None) -> str:
+        if value is None:
+            self._features_off = ()
+            return "*"
+        try:
+            self._features_off = parse_policy(value).features_off
+        except InvalidArgument as exc:
+            self._on_rejected("breaker_policy")
+            log.warning("rejected the breaker policy: %s (the last good one stays)", exc.message)
+            return ""
+        return "*"
+
+    # -- building the table ----------------------------------------------------------------------------
     def _swap(self, dirty: set[str], *, all_models: bool) -> None:
         old = self.table
         models = dict(old.models)
@@ -182,19 +294,42 @@ class Snapshots:
                 models.pop(name, None)
             else:
                 models[name] = route
+        workers = {**{w: g.endpoint for w, g in self._ghosts.items()}, **self._workers}
         self.table = RoutingTable(
-            models=models, workers=dict(self._workers), revision=max(1, self.mirror.revision)
+            models=models,
+            workers=workers,
+            revision=max(1, self.mirror.revision),
+            features_off=self._features_off,
         )
         self._on_swap(old, self.table)
 
+    def _running(self, model: str) -> dict[tuple[str, str], dict[str, Any]]:
+        """(version, worker) -> record of every replica that may take requests now."""
+        out: dict[tuple[str, str], dict[str, Any]] = {}
+        for (version, worker), doc in self._replicas.get(model, {}).items():
+            endpoint = self._workers.get(worker)
+            if endpoint is not None and _serves(doc, endpoint):
+                out[(version, worker)] = doc
+        for worker, ghost in self._ghosts.items():  # what it served when its record went
+            for (m, version), doc in ghost.running.items():
+                if m == model:
+                    out[(version, worker)] = doc
+        return out
+
     def _build(self, model: str) -> ModelRoute | None:
-        records = self._replicas.get(model, {})
         running: dict[str, dict[str, float]] = {}
         metadata = None
-        for (version, worker), doc in sorted(records.items()):
-            if doc.get("state") == "RUNNING" and worker in self._workers:
-                running.setdefault(version, {})[worker] = 1.0
-                metadata = metadata or _metadata(model, doc)
+        idempotent: dict[str, bool] = {}
+        ongoing: dict[str, int] = {}
+        for (version, worker), doc in sorted(self._running(model).items()):
+            endpoint = self._workers.get(worker) or self._ghosts[worker].endpoint
+            running.setdefault(version, {})[worker] = endpoint.capacity
+            metadata = metadata or _metadata(model, doc)
+            info = doc.get("info") or {}
+            idempotent[version] = idempotent.get(version, True) and info.get("idempotent", True) is not False
+            limit = info.get("max_ongoing_requests", DEFAULT_MAX_ONGOING_REQUESTS)
+            if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+                ongoing[version] = min(ongoing.get(version, limit), limit)
         spec = self._specs.get(model, {})
         if not running and model not in self._routing and not spec:
             return None
@@ -203,6 +338,8 @@ class Snapshots:
                 model, tuple(sorted(running, key=int)), metadata.platform, metadata.inputs, metadata.outputs
             )
         fallback = spec.get("fallback_version")
+        versions = spec.get("versions")
+        declared = frozenset(str(v) for v in versions) if isinstance(versions, list) else frozenset()
         return ModelRoute(
             name=model,
             routing=self._routing.get(model),
@@ -211,7 +348,19 @@ class Snapshots:
             fallback_version=str(fallback) if fallback not in (None, "") else None,
             load_on_demand=bool(spec.get("load_on_demand", False)),
             metadata=metadata,
+            declared=declared | ({str(fallback)} if fallback not in (None, "") else frozenset()),
+            idempotent=idempotent,
+            max_ongoing=ongoing,
         )
+
+
+def _serves(doc: Mapping[str, Any], endpoint: WorkerEndpoint) -> bool:
+    """A RUNNING record written by the worker's current incarnation (records from before incarnations
+    were recorded, and workers that record none, are taken as current)."""
+    if doc.get("state") != "RUNNING":
+        return False
+    incarnation = (doc.get("info") or {}).get("incarnation")
+    return not incarnation or not endpoint.incarnation or incarnation == endpoint.incarnation
 
 
 def _json(raw: bytes) -> Any:

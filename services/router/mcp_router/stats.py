@@ -2,6 +2,8 @@
 
 Invariants:
 - Recording a request is O(1) and touches no I/O: counts go into per-second buckets per model, error class.
+- Labels and windowed counts exist only for models the router knows: a request naming an unknown model
+  is counted under ``_unknown`` and kept in no window, so clients cannot mint label values or buckets.
 - ``StatsPublisher`` writes, every interval and under the router's lease, ``/mcp/stats/<router>/<m>`` (the
   counts over the last ``window_s``: requests, errors by class) and ``/mcp/demand/<m>/<router>`` (requests
   that found no copy, bounded-load overflows) for models that had any. The loop never dies.
@@ -25,10 +27,15 @@ from mcpcore.keys import Keyspace
 from mcpcore.metrics import RequestMetrics
 from mcpcore.store import Store
 
-__all__ = ["RequestStats", "RouterMetrics", "StatsPublisher"]
+__all__ = ["RETRY_REASONS", "UNKNOWN", "RequestStats", "RouterMetrics", "StatsPublisher"]
 
 log = logging.getLogger(__name__)
 CLASSES = ("timeout", "resource", "backend", "unavailable", "client")
+UNKNOWN = "_unknown"
+#: Why a request was sent again (``mcp_router_retries_total{reason}``): never sent (link down, draining
+#: or full), answered "not started" or "draining" by the worker, or resent once after its worker vanished
+#: (idempotent models only).
+RETRY_REASONS = ("not_sent", "not_started", "draining", "may_have_started")
 
 
 class RouterMetrics(RequestMetrics):
@@ -36,10 +43,24 @@ class RouterMetrics(RequestMetrics):
         super().__init__(registry)
         self.breaker_level = self.standard("mcp_breaker_level")
         self.retries = self.counter(
-            "mcp_router_retries_total", "Requests sent again to another worker.", ("model",)
+            "mcp_router_retries_total", "Requests sent again to another worker, by reason.", ("reason",)
         )
+        for reason in RETRY_REASONS:
+            self.retries.labels(reason)
         self.overflows = self.counter(
-            "mcp_router_overflow_total", "Requests that found every copy at its bounded-load cap.", ("model",)
+            "mcp_router_overflow_total",
+            "Requests that found every copy of their model full (max_ongoing_requests).",
+            ("model",),
+        )
+        self.may_have_started = self.counter(
+            "mcp_router_may_have_started_total",
+            "Requests failed UNAVAILABLE because their worker vanished after they may have started "
+            "(not idempotent, or resent once already).",
+            ("model",),
+        )
+        self.late_replies = self.counter(
+            "mcp_router_late_replies_total",
+            "Replies that came after the router gave up on their request; dropped by id.",
         )
 
 
@@ -58,6 +79,9 @@ class RequestStats:
         self._overflow: dict[str, int] = defaultdict(int)
 
     def record(self, model: str, version: str, error: str | None, seconds: float, outcome: str) -> None:
+        self.metrics.observe_request(model, version or "", "v2", outcome, seconds=seconds, error_class=error)
+        if model == UNKNOWN:
+            return
         second = int(self._clock())
         bucket = self._buckets[model].get(second)
         if bucket is None:
@@ -65,7 +89,12 @@ class RequestStats:
         bucket[0] += 1
         if error is not None:
             bucket[1 + CLASSES.index(error) if error in CLASSES else 3] += 1
-        self.metrics.observe_request(model, version or "", "v2", outcome, seconds=seconds, error_class=error)
+
+    def retried(self, reason: str) -> None:
+        self.metrics.retries.labels(reason).inc()
+
+    def may_have_started(self, model: str) -> None:
+        self.metrics.may_have_started.labels(model).inc()
 
     def demand(self, model: str) -> None:
         self._demand[model] += 1

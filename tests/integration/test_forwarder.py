@@ -1,0 +1,160 @@
+"""The router's forwarder against a real ZeroMQ peer it does not control: ids, late and bad replies, links.
+
+The peer is a ROUTER socket driven by the test, so each outcome (a reply held back past the deadline, a
+reply whose frames do not match its header, a peer that vanishes mid-request) happens exactly when the
+test says, on real sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import numpy as np
+import pytest
+import zmq
+import zmq.asyncio
+
+from mcp_router.forwarder import Forwarder, MayHaveStarted, NotSent
+from mcp_router.snapshot import WorkerEndpoint
+from mcpapi.v2 import tensor_pb2
+from mcpcore import wire
+from mcpcore.errors import DeadlineExceeded, Internal
+
+X = np.arange(8, dtype=np.float32).reshape(2, 4)
+
+
+class Peer:
+    """A worker stand-in: receives requests and answers only when told."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str = "tcp://127.0.0.1:*") -> None:
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(endpoint)
+        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    async def request(self) -> tuple[bytes, tensor_pb2.TensorHeader, list[bytes]]:
+        identity, *frames = await self.sock.recv_multipart()
+        return identity, wire.parse_header(frames[0]), frames[1:]
+
+    async def reply(self, identity: bytes, header: tensor_pb2.TensorHeader, frames: list) -> None:  # type: ignore[type-arg]
+        await self.sock.send_multipart([identity, header.SerializeToString(), *frames])
+
+
+@pytest.fixture
+async def setup():
+    ctx = zmq.asyncio.Context()
+    peer = Peer(ctx)
+    late: list[int] = []
+    down: list[str] = []
+    fwd = Forwarder(
+        heartbeat_s=0.1, heartbeat_timeout_s=0.5, on_late=lambda: late.append(1), on_link_down=down.append
+    )
+    fwd.sync({"w1": WorkerEndpoint("w1", peer.endpoint)})
+    for _ in range(200):  # the handshake: the link is up once the peer answered ZMTP
+        if fwd.link_ok("w1"):
+            break
+        await asyncio.sleep(0.01)
+    assert fwd.link_ok("w1")
+    yield fwd, peer, late, down
+    await fwd.close()
+    peer.sock.close(0)
+    ctx.term()
+
+
+def request(fwd: Forwarder, model: str = "m") -> tensor_pb2.TensorHeader:
+    return tensor_pb2.TensorHeader(kind=tensor_pb2.KIND_REQUEST, request_id=fwd.new_id(), model=model)
+
+
+def ok_reply(header: tensor_pb2.TensorHeader) -> tensor_pb2.TensorHeader:
+    return tensor_pb2.TensorHeader(
+        kind=tensor_pb2.KIND_REPLY, request_id=header.request_id, model=header.model
+    )
+
+
+async def test_the_wire_id_is_the_routers_own_and_unique(setup):
+    fwd, _, _, _ = setup
+    ids = {fwd.new_id() for _ in range(10_000)}
+    assert len(ids) == 10_000
+    other = Forwarder()
+    assert not ids & {other.new_id() for _ in range(100)}  # another router process: another prefix
+    await other.close()
+
+
+async def test_a_late_reply_is_dropped_counted_and_the_load_held_until_it_comes(setup):
+    fwd, peer, late, _ = setup
+    header = request(fwd)
+    sending = asyncio.create_task(fwd.send("w1", header, {"X": X}, timeout_s=0.05))
+    identity, got, _ = await peer.request()
+    with pytest.raises(DeadlineExceeded):
+        await sending
+    assert fwd.loads["w1"] == 1  # given up, but the worker still holds it: bounded loads count it
+    await peer.reply(identity, ok_reply(got), [])
+    for _ in range(200):
+        if late:
+            break
+        await asyncio.sleep(0.005)
+    assert late == [1] and fwd.loads["w1"] == 0
+    # the next request gets its own reply, not the late one
+    nxt = request(fwd)
+    sending = asyncio.create_task(fwd.send("w1", nxt, {"X": X}, timeout_s=5))
+    identity, got, _ = await peer.request()
+    assert got.request_id == nxt.request_id != header.request_id
+    await peer.reply(identity, ok_reply(got), [])
+    assert (await sending).header.request_id == nxt.request_id
+
+
+async def test_a_reply_that_does_not_decode_fails_its_request_at_once(setup):
+    fwd, peer, _, _ = setup
+    sending = asyncio.create_task(fwd.send("w1", request(fwd), {"X": X}, timeout_s=30))
+    identity, got, _ = await peer.request()
+    bad = ok_reply(got)
+    bad.tensors.add(name="Y", dtype=tensor_pb2.TYPE_FP32, shape=[4], byte_size=16)
+    await peer.reply(identity, bad, [b"\0" * 3])  # 3 bytes where the header says 16
+    with pytest.raises(Internal, match=r"w1 sent a reply that does not decode.*3 bytes"):
+        async with asyncio.timeout(5):
+            await sending
+    assert fwd.loads["w1"] == 0
+
+
+async def test_a_worker_that_vanishes_mid_request_may_have_started_it(setup):
+    fwd, peer, _, down = setup
+    sending = asyncio.create_task(fwd.send("w1", request(fwd), {"X": X}, timeout_s=30))
+    await peer.request()  # the worker has it
+    peer.sock.close(0)  # ... and vanishes
+    with pytest.raises(MayHaveStarted, match="w1 disconnected"):
+        async with asyncio.timeout(10):
+            await sending
+    assert down == ["w1"] and not fwd.link_ok("w1")
+    with pytest.raises(NotSent, match="not connected"):  # nothing more is sent: provably not started
+        await fwd.send("w1", request(fwd), {"X": X}, timeout_s=1)
+
+
+async def test_a_draining_worker_and_one_over_its_bound_get_nothing(setup):
+    fwd, peer, _, _ = setup
+    fwd.mark_draining("w1")
+    with pytest.raises(NotSent, match="draining"):
+        await fwd.send("w1", request(fwd), {"X": X}, timeout_s=1)
+    small = Forwarder(max_in_flight=1)
+    small.sync({"w1": WorkerEndpoint("w1", peer.endpoint)})
+    for _ in range(200):
+        if small.link_ok("w1"):
+            break
+        await asyncio.sleep(0.01)
+    held = asyncio.create_task(small.send("w1", request(small), {"X": X}, timeout_s=30))
+    await peer.request()
+    with pytest.raises(NotSent, match="exceeds maximum queue size"):
+        await small.send("w1", request(small), {"X": X}, timeout_s=1)
+    held.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await held
+    await small.close()
+
+
+async def test_a_worker_that_never_listened_is_not_sent_anything():
+    fwd = Forwarder()
+    fwd.sync({"w9": WorkerEndpoint("w9", "tcp://127.0.0.1:9")})  # nothing listens on port 9
+    with pytest.raises(NotSent):
+        await fwd.send("w9", request(fwd), {"X": X}, timeout_s=1)
+    assert fwd.loads["w9"] == 0
+    await fwd.close()
