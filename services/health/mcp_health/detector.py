@@ -1,10 +1,15 @@
 """Failure detection: dead workers (lease gone, or report too old) and sick ones (their models keep failing).
 
 Invariants:
-- A worker is dead when its lease-bound record disappears or its load report is older than
-  ``report_timeout_s``. Then every replica it held that is not already ERROR goes to ERROR by
-  compare-and-swap, and one WorkerDown alert names the worker, its replicas and its last active time.
-  Recovery (placing the replicas elsewhere) is the scheduler's job.
+- A worker is dead when its lease-bound record disappears or its load reports stopped arriving while
+  other workers' still arrive: report age is measured on this process's monotonic clock from the
+  freshest report seen, never by comparing another host's wall clock; when no report at all arrived for
+  ``report_timeout_s`` (etcd or the watch was away) nobody is judged by age until every worker has had a
+  whole timeout to report again. Then every replica it
+  held that is not already ERROR goes to ERROR by compare-and-swap, guarded by the worker's record:
+  still absent (lease gone) or still the one seen (stale reports), so a worker that registered again
+  meanwhile keeps its replicas. One WorkerDown alert names the worker, its replicas and its last active
+  time. Recovery (placing the replicas elsewhere) is the scheduler's job.
 - Many workers dying at once are handled concurrently (one task each), never one after another.
 - A sick worker (backend faults in its reports, or a device error flag) gets one EmergencyStop through its
   control API; it then reports itself stopped and the scheduler moves its replicas away.
@@ -30,6 +35,7 @@ from mcpcore.errors import FailedPrecondition, MCPError
 from mcpcore.keys import Keyspace, ReplicaId
 from mcpcore.lifecycle import ReplicaLifecycle, ReplicaState
 from mcpcore.mirror import PrefixMirror
+from mcpcore.store import Compare
 
 __all__ = ["Detector", "WorkerSeen"]
 
@@ -50,6 +56,7 @@ class WorkerSeen:
     device_error: str = ""
     emergency_sent: bool = False
     seen_at: float = field(default_factory=time.time)
+    arrived: float = field(default_factory=time.monotonic)  # when its last report came, locally
 
 
 class Detector:
@@ -67,6 +74,7 @@ class Detector:
         on_heartbeat_age: Callable[[str, float], None] = lambda worker, age: None,
         on_error: Callable[[str], None] = lambda loop: None,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._mirror, self._keys, self._lifecycle, self._alerter = mirror, keys, lifecycle, alerter
         self._report_timeout, self._sick_errors, self._worker_timeout = (
@@ -80,6 +88,8 @@ class Detector:
             on_error,
             clock,
         )
+        self._monotonic = monotonic
+        self._freshest = self._flow_since = monotonic()  # last report from anyone; since when they flow
         self.workers: dict[str, WorkerSeen] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.detected: dict[str, float] = {}  # worker -> when it was found dead (for tests and bench)
@@ -93,7 +103,8 @@ class Detector:
             worker, is_report = parsed
             raw = self._mirror.values.get(key)
             if raw is None and not is_report:
-                self._spawn(self._dead(worker, "its lease expired (record gone)"))
+                guard = Compare(self._keys.worker(worker), 0)  # only while it is still gone
+                self._spawn(self._dead(worker, "its lease expired (record gone)", guard))
             elif raw is not None:
                 self._seen(worker, raw, is_report)
 
@@ -104,11 +115,17 @@ class Detector:
             return
         seen = self.workers.get(worker)
         if seen is None:
-            seen = self.workers[worker] = WorkerSeen(worker, last_beat=self._clock())
+            seen = self.workers[worker] = WorkerSeen(
+                worker, last_beat=self._clock(), arrived=self._monotonic()
+            )
         if not seen.alive:
             seen.alive, seen.emergency_sent = True, False
             self._spawn(self._recovered(worker))
         if is_report:
+            now = self._monotonic()
+            if now - self._freshest > self._report_timeout:  # reports stopped for everyone, now resume
+                self._flow_since = now
+            seen.arrived = self._freshest = now
             seen.last_beat = float(doc.get("last_beat", self._clock()))
             seen.last_active = float(doc.get("last_active", 0.0))
             seen.queue_depth = int(doc.get("queue_depth", 0))
@@ -121,14 +138,17 @@ class Detector:
     # -- periodic checks -------------------------------------------------------------------------------
     def check(self) -> None:
         """Report ages and sickness; cheap, runs on the event loop."""
-        now = self._clock()
+        now = self._monotonic()
+        flowing = now - self._freshest <= self._report_timeout  # reports arrive: the watch works
         for seen in list(self.workers.values()):
             if not seen.alive:
                 continue
-            age = max(0.0, now - seen.last_beat)
+            age = max(0.0, now - seen.arrived)
             self._on_age(seen.id, age)
-            if age > self._report_timeout:
-                self._spawn(self._dead(seen.id, f"its load report is {age:.1f}s old"))
+            if flowing and now - max(seen.arrived, self._flow_since) > self._report_timeout:
+                key = self._keys.worker(seen.id)
+                guard = Compare(key, self._mirror.revisions.get(key, 0))  # not registered again since
+                self._spawn(self._dead(seen.id, f"no load report for {age:.1f}s", guard))
                 continue
             new_errors = seen.errors_total - (
                 seen.errors_checked if seen.errors_checked is not None else seen.errors_total
@@ -156,7 +176,7 @@ class Detector:
                     out.append((rid, json.loads(raw).get("state", "")))
         return out
 
-    async def _dead(self, worker: str, why: str) -> None:
+    async def _dead(self, worker: str, why: str, guard: Compare) -> None:
         seen = self.workers.setdefault(worker, WorkerSeen(worker, last_beat=0.0))
         if not seen.alive:
             return
@@ -166,7 +186,7 @@ class Detector:
             return
         held = [(rid, state) for rid, state in self._replicas_of(worker) if state not in ("ERROR", "IDLE")]
         reason = f"worker {worker} is dead: {why}; last active {_iso(seen.last_active or seen.last_beat)}"
-        await asyncio.gather(*(self._mark_error(rid, reason) for rid, _ in held))
+        await asyncio.gather(*(self._mark_error(rid, reason, guard) for rid, _ in held))
         log.warning("%s; %d replica(s) marked ERROR", reason, len(held))
         await self._alerter.fire(
             Alert(
@@ -183,11 +203,11 @@ class Detector:
             )
         )
 
-    async def _mark_error(self, rid: ReplicaId, reason: str) -> None:
+    async def _mark_error(self, rid: ReplicaId, reason: str, guard: Compare) -> None:
         try:
-            await self._lifecycle.transition(rid, ReplicaState.ERROR, reason=reason)
+            await self._lifecycle.transition(rid, ReplicaState.ERROR, reason=reason, guard=[guard])
         except FailedPrecondition:
-            pass  # already ERROR, or changed by another writer: the next event decides
+            pass  # already ERROR, changed by another writer, or the worker is back: the next event decides
         except MCPError as exc:
             self._on_error("mark_error")
             log.warning("could not mark %s ERROR: %s", rid, exc.message)

@@ -25,6 +25,7 @@ from mcpcore.election import LeaderElection
 from mcpcore.etcd_store import EtcdStore
 from mcpcore.keys import Keyspace
 from mcpcore.lifecycle import ReplicaLifecycle
+from mcpcore.looplag import LoopLagMonitor
 from mcpcore.metrics import CommonMetrics, start_metrics_server
 from mcpcore.mirror import PrefixMirror
 from mcpcore.serving import GrpcService
@@ -46,6 +47,7 @@ class HealthServer:
     def __init__(self, config: HealthConfig) -> None:
         self.config = config
         self.metrics = HealthMetrics(CollectorRegistry())
+        self._lag = LoopLagMonitor(self.metrics.loop_lag.observe)
         self.keys = Keyspace(config.etcd_prefix)
         self.store = EtcdStore(config.etcd_endpoints, timeout=config.etcd_timeout_s)
         self.election = LeaderElection(
@@ -84,6 +86,7 @@ class HealthServer:
         self.detector.on_change(keys)
 
     async def start(self) -> dict[str, str]:
+        self._lag.start()
         cfg = self.config
         self._metrics_server, metrics_port = start_metrics_server(
             cfg.metrics_port, cfg.metrics_host, registry=self.metrics.registry
@@ -117,6 +120,7 @@ class HealthServer:
                 log.exception("health check failed; the next one runs on schedule")
 
     async def stop(self) -> None:
+        await self._lag.stop()
         await self.grpc.stop()
         if self._task is not None:
             self._task.cancel()

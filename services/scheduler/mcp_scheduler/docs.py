@@ -295,7 +295,7 @@ def parse_worker(worker_id: str, record_raw: bytes, load_raw: bytes | None, drai
         capacity_bytes=rec.int_("memory_capacity_bytes", lo=0),
         labels=rec.labels("labels"),
         stopped=stopped,
-        draining=draining,
+        draining=draining or bool(rec.body.get("draining")),  # a drain key, or the worker stopping
         last_beat=last_beat,
     )
 

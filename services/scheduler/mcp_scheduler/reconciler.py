@@ -47,7 +47,7 @@ from mcp_scheduler.worker_client import WorkerClients
 from mcpcore.errors import FailedPrecondition, MCPError, NotFound
 from mcpcore.keys import Keyspace, ReplicaId
 from mcpcore.lifecycle import ReplicaLifecycle, ReplicaState
-from mcpcore.store import Store
+from mcpcore.store import Compare, Store
 
 __all__ = ["Reconciler"]
 
@@ -171,7 +171,7 @@ class Reconciler:
             log.info("routing of %s now %s", action.model, action.routing)
             return
         if isinstance(action, ForgetReplica):
-            await self._forget(action)
+            await self._forget(action, view)
             return
         worker = view.workers.get(action.worker)
         if worker is None:
@@ -208,22 +208,26 @@ class Reconciler:
             return
         log.warning("rolled back the canary of %s: %s", action.model, action.reason)
 
-    async def _forget(self, action: ForgetReplica) -> None:
+    async def _forget(self, action: ForgetReplica, view: ClusterView) -> None:
         rid = ReplicaId(*action.key)
         revision = action.revision
         record = await self._lifecycle.get(rid)
         if record is None or record.revision != revision:
             return  # changed meanwhile: the next round decides again
-        if record.state not in (ReplicaState.ERROR, ReplicaState.IDLE):
-            with contextlib.suppress(FailedPrecondition):
+        # A replica forgotten because its worker is gone goes only while the worker is still gone: one
+        # that registered again meanwhile (etcd was away) keeps what it holds.
+        guard = [Compare(self._keys.worker(rid.worker), 0)] if rid.worker not in view.workers else []
+        try:
+            if record.state not in (ReplicaState.ERROR, ReplicaState.IDLE):
                 revision = (
                     await self._lifecycle.transition(
-                        rid, ReplicaState.ERROR, reason=action.reason, expected_revision=revision
+                        rid, ReplicaState.ERROR, reason=action.reason, expected_revision=revision, guard=guard
                     )
                 ).revision
-        log.info("forgetting replica %s: %s", rid, action.reason)
-        with contextlib.suppress(FailedPrecondition):
-            await self._lifecycle.remove(rid, expected_revision=revision)
+            log.info("forgetting replica %s: %s", rid, action.reason)
+            await self._lifecycle.remove(rid, expected_revision=revision, guard=guard)
+        except FailedPrecondition:
+            pass  # changed meanwhile, or the worker is back: the next round decides again
 
     def _failed(self, action: Action, exc: BaseException) -> None:
         self._on_error("action")

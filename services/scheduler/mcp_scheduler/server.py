@@ -24,6 +24,7 @@ from mcpapi.v2 import control_pb2_grpc as v2_grpc
 from mcpcore.election import LeaderElection
 from mcpcore.etcd_store import EtcdStore
 from mcpcore.keys import Keyspace
+from mcpcore.looplag import LoopLagMonitor
 from mcpcore.metrics import CommonMetrics, start_metrics_server
 from mcpcore.serving import GrpcService
 
@@ -46,6 +47,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.metrics = SchedulerMetrics(CollectorRegistry())
+        self._lag = LoopLagMonitor(self.metrics.loop_lag.observe)
         self.keys = Keyspace(config.etcd_prefix)
         self.store = EtcdStore(config.etcd_endpoints, timeout=config.etcd_timeout_s)
         self.state = ClusterState(
@@ -79,6 +81,7 @@ class Scheduler:
         self.endpoints: dict[str, str] = {}
 
     async def start(self) -> dict[str, str]:
+        self._lag.start()
         cfg = self.config
         self._metrics_server, metrics_port = start_metrics_server(
             cfg.metrics_port, cfg.metrics_host, registry=self.metrics.registry
@@ -101,6 +104,7 @@ class Scheduler:
         return self.endpoints
 
     async def stop(self) -> None:
+        await self._lag.stop()
         await self.grpc.stop()
         await self.election.stop()
         await self.reconciler.stop()
