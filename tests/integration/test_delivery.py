@@ -1,0 +1,158 @@
+"""Every client gets its own answer, exactly once, through every fault (the request-path issue's table).
+
+One mesh for the module, as ``make up`` runs it (etcd, three workers, a scheduler, a health service, two
+routers; clients connect to both routers), carrying an idempotent model (``demo-mlp``) and one that is
+not (``demo-stateful``), two replicas each, under checked load while each fault strikes:
+
+- kill -9, SIGSTOP past its lease, SIGTERM of a worker; SIGTERM of a router; etcd frozen for 10 s;
+  etcd killed and restarted after 10 s; a worker restarted under its own id.
+
+After each: idempotent requests 0 failed; ``demo-stateful`` 0 run twice (counted over every worker's
+execution journal, the killed ones' too), and its only failures are UNAVAILABLE "may have started" for
+requests its killed or frozen worker held, each counted by the routers; and the mesh is back at its
+replica counts with records that match what the workers hold. The 60 s etcd outages run in ``make chaos``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from harness import make_demo_repository, wait_for
+from meshload import CheckedLoad, LoadResult, Mesh, settle
+
+WANTED = {"demo-mlp": 2, "demo-stateful": 2}
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    return make_demo_repository(tmp_path_factory.mktemp("repo") / "models")
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory, repo):
+    mesh = Mesh(tmp_path_factory.mktemp("mesh"), repo)
+    try:
+        for model, replicas in WANTED.items():
+            mesh.load(model, replicas)
+        yield mesh
+    finally:
+        mesh.close()
+
+
+def holder(mesh: Mesh, model: str = "demo-stateful"):  # type: ignore[no-untyped-def]
+    """A live worker that holds ``model`` (so the fault hits requests in flight on it)."""
+    return next(w for w in mesh.live_workers() if (model, "1") in mesh.held(w))
+
+
+def under_load(mesh: Mesh, repo: Path, fault: Callable[[], None]) -> tuple[LoadResult, LoadResult]:
+    """Checked load on both models; the fault strikes once traffic flows; the load goes on until the mesh
+    is consistent again and more answers came after that."""
+    wait_for(lambda: mesh.consistent(WANTED), 30, 0.1, "the mesh at its replica counts before the fault")
+    started = mesh.may_have_started_total()
+    channel = mesh.channel()
+    with (
+        CheckedLoad(channel, "demo-mlp", repo) as mlp,
+        CheckedLoad(channel, "demo-stateful", repo) as stateful,
+    ):
+        mlp.wait_ok(50)
+        stateful.wait_ok(50)
+        fault()
+        wait_for(lambda: mesh.consistent(WANTED), 40, 0.1, "the mesh back at its replica counts")
+        mlp.wait_ok(100)
+        stateful.wait_ok(100)
+    channel.close()
+    a, b = mlp.result, stateful.result
+    assert (a.failures, a.wrong) == ([], []), a.failures[:5]  # idempotent: nothing fails, nothing swaps
+    assert b.wrong == [] and b.not_may_have_started() == [], b.failures[:5]
+    assert mesh.duplicates("demo-stateful") == []  # at most once, across every worker
+    assert len(set(b.counts)) == len(b.counts)  # no answer shows an execution another one showed
+    counted = mesh.may_have_started_total() - started
+    assert counted == len(b.failures), (counted, b.failures)  # each such failure counted by a router
+    return a, b
+
+
+def test_clients_reusing_request_ids_each_get_their_own_answer(mesh, repo):
+    """16 Triton clients, each numbering its requests "0", "1", ...: every answer is the request's own."""
+    script = [sys.executable, str(HERE / "triton_same_ids.py"), mesh.routers[0].endpoints["grpc"], str(repo)]
+    args = [*script, "--clients", "16", "--requests", "60"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report == {"ok": 16 * 60, "wrong": 0, "failed": 0, "messages": []}, report
+
+
+def test_kill_9_a_worker_under_load(mesh, repo):
+    def fault() -> None:
+        holder(mesh).kill()
+        mesh.add_worker()
+
+    _, stateful = under_load(mesh, repo, fault)
+    print(f"kill -9: demo-stateful failed 'may have started' {len(stateful.failures)} of {stateful.ok}")
+
+
+def test_sigstop_a_worker_past_its_lease(mesh, repo):
+    def fault() -> None:
+        frozen = holder(mesh)
+        os.kill(frozen.proc.pid, signal.SIGSTOP)
+        settle(3.0)  # the fault: frozen past its 2 s lease
+        os.kill(frozen.proc.pid, signal.SIGCONT)
+
+    under_load(mesh, repo, fault)
+
+
+def test_sigterm_a_worker_drains_it(mesh, repo):
+    def fault() -> None:
+        mesh.add_worker()
+        holder(mesh).stop()  # SIGTERM: draining, then gone
+
+    _, stateful = under_load(mesh, repo, fault)
+    assert stateful.failures == []  # a drain fails nothing: what did not start goes elsewhere
+
+
+def test_etcd_frozen_10s_is_invisible(mesh, repo):
+    def fault() -> None:
+        os.kill(mesh.etcd.proc.pid, signal.SIGSTOP)
+        settle(10.0)  # the fault: every lease lapses meanwhile
+        os.kill(mesh.etcd.proc.pid, signal.SIGCONT)
+
+    _, stateful = under_load(mesh, repo, fault)
+    assert stateful.failures == []
+
+
+def test_etcd_killed_and_restarted_after_10s_is_invisible(mesh, repo):
+    def fault() -> None:
+        mesh.etcd.kill()
+        settle(10.0)  # the fault: etcd gone
+        mesh.etcd.start()
+
+    _, stateful = under_load(mesh, repo, fault)
+    assert stateful.failures == []
+
+
+def test_a_worker_restarted_under_its_id_routes_only_what_it_holds(mesh, repo):
+    """kill -9 and start again at once with the same id (a StatefulSet, compose's restart): its old replica
+    records are another incarnation's, so no router sends the new process a request for them."""
+
+    def fault() -> None:
+        old = holder(mesh)
+        old.kill()
+        mesh.add_worker(old.worker_id)
+
+    under_load(mesh, repo, fault)
+
+
+def test_sigterm_a_router_with_clients_on_two(mesh, repo):
+    def fault() -> None:
+        mesh.routers[0].stop()  # SIGTERM: NOT_SERVING, in-flight calls finish, then it exits
+
+    _, stateful = under_load(mesh, repo, fault)
+    assert stateful.failures == []
+    assert mesh.routers[0].proc.returncode == 0
