@@ -165,6 +165,7 @@ class RequestMetrics(CommonMetrics):
         self.request_duration = self.standard("mcp_request_duration_seconds")
         self.requests = self.standard("mcp_requests_total")
         self.request_errors = self.standard("mcp_request_errors_total")
+        self._children: dict[tuple[str, str, str, str, str | None], tuple[Any, Any, Any]] = {}
 
     def observe_request(
         self,
@@ -177,11 +178,21 @@ class RequestMetrics(CommonMetrics):
         error_class: str | None = None,
     ) -> None:
         """Record one answered request; ``outcome`` is e.g. ``ok`` or a status name, ``error_class`` (for
-        failures) what the breaker counts by, e.g. ``timeout``, ``resource``, ``client``."""
-        self.request_duration.labels(model, version, api_version, outcome).observe(seconds)
-        self.requests.labels(model, version, api_version, outcome).inc()
-        if error_class is not None:
-            self.request_errors.labels(model, version, error_class).inc()
+        failures) what the breaker counts by, e.g. ``timeout``, ``resource``, ``client``. The labelled
+        children are looked up once per label set (callers pass only bounded label values)."""
+        key = (model, version, api_version, outcome, error_class)
+        children = self._children.get(key)
+        if children is None:
+            children = self._children[key] = (
+                self.request_duration.labels(model, version, api_version, outcome),
+                self.requests.labels(model, version, api_version, outcome),
+                None if error_class is None else self.request_errors.labels(model, version, error_class),
+            )
+        duration, count, errors = children
+        duration.observe(seconds)
+        count.inc()
+        if errors is not None:
+            errors.inc()
 
 
 class MetricsServer:

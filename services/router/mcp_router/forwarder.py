@@ -12,6 +12,8 @@ Invariants:
   out, so the worker may have run it; a reply with ``FLAG_RETRYABLE`` — the worker says it did not start.
 - Bounded: per worker at most ``max_in_flight`` requests, and at most ``max_bytes`` of tensors in flight
   in all; the sockets' high-water marks bound what libzmq buffers.
+- Loads are kept per (model, version) ring as well as per worker, with running totals, so the router's
+  bounded-load pick reads them in O(1): ``ring_loads(model, version)``.
 - A link is up once its ZMTP handshake succeeded and down from its disconnect (a dead worker) or heartbeat
   timeout (a frozen one) until the next handshake; ``on_link_down(worker)`` tells the snapshot.
 - A reply whose header parses but whose frames do not match it fails that request at once (INTERNAL,
@@ -59,9 +61,19 @@ class MayHaveStarted(Unavailable):
 @dataclass(eq=False, slots=True)
 class _Pending:
     future: asyncio.Future[wire.Message] | None  # None once the router gave up on it (abandoned)
-    model: str
+    ring: tuple[str, str]  # (model, version)
     nbytes: int
     since: float
+
+
+class RingLoad:
+    """Requests in flight for one (model, version), per worker and in all (what bounded loads read)."""
+
+    __slots__ = ("per_worker", "total")
+
+    def __init__(self) -> None:
+        self.per_worker: dict[str, int] = {}
+        self.total = 0
 
 
 class _Link:
@@ -88,7 +100,6 @@ class _Link:
         self.monitor = self.sock.get_monitor_socket(events)
         self.sock.connect(endpoint.zmq)
         self.pending: dict[str, _Pending] = {}
-        self.models: dict[str, int] = defaultdict(int)  # model -> requests in flight here
         self.tasks: list[asyncio.Task[None]] = []
         self.down = True  # until the handshake succeeds; again from a disconnect to the next handshake
         self.draining = False  # the worker answered "draining": send it nothing more
@@ -119,6 +130,7 @@ class Forwarder:
         self._prefix = uuid.uuid4().hex[:10]
         self._ids = itertools.count(1)
         self.loads: dict[str, int] = {}  # worker -> requests in flight (abandoned ones included)
+        self._rings: dict[tuple[str, str], RingLoad] = defaultdict(RingLoad)
         self.nbytes = 0  # tensor bytes in flight, all workers
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -161,11 +173,13 @@ class Forwarder:
         link = self._links.get(worker_id)
         return link is not None and not link.down and not link.draining and not link.endpoint.draining
 
-    def in_flight(self, worker_id: str, model: str | None = None) -> int:
+    def in_flight(self, worker_id: str) -> int:
         link = self._links.get(worker_id)
-        if link is None:
-            return 0
-        return len(link.pending) if model is None else link.models.get(model, 0)
+        return 0 if link is None else len(link.pending)
+
+    def ring_load(self, model: str, version: str) -> RingLoad:
+        """The live in-flight counts of one (model, version) (read-only: the forwarder keeps them)."""
+        return self._rings[(model, version)]
 
     async def close(self) -> None:
         if self._sweeper is not None:
@@ -225,9 +239,11 @@ class Forwarder:
                 raise NotSent(f"worker {worker_id}'s link is full or not connected")
             raise NotSent(f"worker {worker_id}: the send failed ({failure})")
         future: asyncio.Future[wire.Message] = asyncio.get_running_loop().create_future()
-        entry = _Pending(future, header.model, nbytes, time.monotonic())
+        entry = _Pending(future, (header.model, header.version), nbytes, time.monotonic())
         link.pending[rid] = entry
-        link.models[header.model] += 1
+        ring = self._rings[entry.ring]
+        ring.per_worker[worker_id] = ring.per_worker.get(worker_id, 0) + 1
+        ring.total += 1
         self.loads[worker_id] += 1
         self.nbytes += nbytes
         try:
@@ -258,11 +274,9 @@ class Forwarder:
     def _finish(self, worker_id: str, link: _Link, rid: str) -> _Pending | None:
         entry = link.pending.pop(rid, None)
         if entry is not None:
-            left = link.models[entry.model] - 1
-            if left:
-                link.models[entry.model] = left
-            else:
-                del link.models[entry.model]
+            ring = self._rings[entry.ring]
+            ring.per_worker[worker_id] -= 1
+            ring.total -= 1
             self.loads[worker_id] -= 1
             self.nbytes -= entry.nbytes
         return entry

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Iterator, Mapping, Set
+from collections.abc import Callable, Iterator, Mapping, Set
 from itertools import repeat
 from types import MappingProxyType
 
@@ -95,6 +95,7 @@ class HashRing:
         "_hashes",
         "_nodes",
         "_owners",
+        "_shares",
         "_shift",
         "_table",
         "_total_weight",
@@ -119,6 +120,8 @@ class HashRing:
         self._table, self._shift = _bucket_table(self._hashes, self._owners)
         self._nodes: Mapping[str, float] = MappingProxyType(weights)
         self._total_weight = sum(weights.values())
+        # each node's fraction of the ring's weight: its bounded-load cap is that fraction of c * (total + 1)
+        self._shares = {n: w / self._total_weight for n, w in weights.items()}
         self._vnodes = vnodes
         self._vnodes_per_unit = per_unit
 
@@ -200,6 +203,7 @@ class HashRing:
         *,
         total: int | None = None,
         exclude: Set[str] = frozenset(),
+        usable: Callable[[str], bool] | None = None,
     ) -> str | None:
         """Consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam, 2018).
 
@@ -209,34 +213,42 @@ class HashRing:
         ``ceil(c * (total + 1) * weight / sum(weights))``, which is ``ceil(c * (total + 1) / n)`` when the
         weights are equal. The owner is tried first, then the next distinct nodes in ring order, so a hot
         key overflows to the same few neighbours every time. Nodes in ``exclude`` are never chosen; the
-        caps are then shared among the others (``total`` and the weights count only them).
+        caps are then shared among the others (``total`` and the weights count only them). ``usable`` is a
+        check asked only of the nodes walked (owner first: usually one call), for conditions too costly
+        to gather for every node per request (a link down, a per-replica limit); the caps stay those of
+        the whole ring.
 
-        Returns None when no node may take it: every one is excluded or at its cap. With ``c >= 1`` and
-        nothing excluded the latter cannot happen while ``total`` is the true sum of non-negative loads,
-        because the caps add up to at least ``total + 1``. Raises ``EmptyRing`` on an empty ring.
+        Returns None when no node may take it: every one is excluded, unusable or at its cap. With ``c >= 1``
+        and every node usable the latter cannot happen while ``total`` is the true sum of non-negative
+        loads, because the caps add up to at least ``total + 1``. Raises ``EmptyRing`` on an empty ring.
         """
         hashes = self._hashes
         if not hashes:
             raise EmptyRing()
-        weights = self._nodes
-        per_weight = self._total_weight
-        if exclude:
-            kept = [n for n in weights if n not in exclude]
+        shares = self._shares
+        if exclude:  # a retry: the caps are shared among the nodes left
+            kept = [n for n in shares if n not in exclude]
             if not kept:
                 return None
             total = sum(map(loads.get, kept, repeat(0)))
-            per_weight = sum(weights[n] for n in kept)
+            kept_weight = sum(self._nodes[n] for n in kept)
+            shares = {n: self._nodes[n] / kept_weight for n in kept}
         elif total is None:
-            total = sum(map(loads.get, weights, repeat(0)))
-        # c * (total + 1) * w / W: multiplying before dividing keeps equal weights exact (no 1/3 rounding).
-        budget = c * (total + 1)
+            total = sum(map(loads.get, shares, repeat(0)))
+        # A node takes the request while load < ceil(c * (total + 1) * w / W); for an integer load that is
+        # load < c * (total + 1) * w / W, so no ceil() is needed (nor its cost on every request). The
+        # 1e-12 keeps a cap that is exactly an integer from passing for one more through rounding.
+        budget = c * (total + 1) * (1 - 1e-12)
         h = xxh3_64_intdigest(key.encode() if isinstance(key, str) else key)
-        owner = self._table[h >> self._shift]
-        if owner is None:
-            owner = self._owners[bisect_left(hashes, h)]
-        if owner not in exclude and loads.get(owner, 0) < math.ceil(budget * weights[owner] / per_weight):
+        owner = self._table[h >> self._shift] or self._owners[bisect_left(hashes, h)]
+        if (
+            owner in shares
+            and loads.get(owner, 0) < budget * shares[owner]
+            and (usable is None or usable(owner))
+        ):
             return owner  # the common case: one table read, no generator, no set
-        for node in self._walk(bisect_left(hashes, h), len(weights)):
-            if node not in exclude and loads.get(node, 0) < math.ceil(budget * weights[node] / per_weight):
+        for node in self._walk(bisect_left(hashes, h), len(self._nodes)):
+            share = shares.get(node)
+            if share is not None and loads.get(node, 0) < budget * share and (usable is None or usable(node)):
                 return node
         return None

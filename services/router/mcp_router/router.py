@@ -199,25 +199,32 @@ class Router(DataPlane):
         return choose_version(split.stable, canary, split.canary_percent, key, rr), level, flags
 
     def _pick(self, route: ModelRoute, version: str, key: str, tried: set[str]) -> str:
-        """The worker for ``key`` on ``version``'s ring: bounded loads over the workers that may take it."""
+        """The worker for ``key`` on ``version``'s ring: bounded loads over the workers that may take it.
+
+        Loads are this (model, version)'s requests in flight per worker, kept by the forwarder with their
+        total, so a pick reads O(1) in the common case (the owner under its cap and usable)."""
         ring = route.rings.get(version)
         if not ring:
             raise not_started(
                 Unavailable(f"model {route.name} version {version} has no RUNNING replica; retry shortly")
             )
         fwd, limit = self._fwd, route.max_ongoing.get(version, 0)
-        exclude = set(tried)
-        full = 0
-        for node in ring.nodes:
-            if node in exclude or not fwd.usable(node):
-                exclude.add(node)
-            elif limit and fwd.in_flight(node, route.name) >= limit:
-                exclude.add(node)
-                full += 1
-        node = ring.lookup_bounded(key, fwd.loads, self._c, exclude=exclude)
+        load = fwd.ring_load(route.name, version)
+        counts = load.per_worker
+
+        def usable(node: str) -> bool:
+            return fwd.usable(node) and not (limit and counts.get(node, 0) >= limit)
+
+        node = ring.lookup_bounded(key, counts, self._c, total=load.total, exclude=tried, usable=usable)
         if node is not None:
             return node
-        if full:
+        # nothing under its cap that may take it: the caps assumed every node usable, so take the least
+        # loaded one that may (or say why none may)
+        able = [n for n in ring.nodes if n not in tried and fwd.usable(n)]
+        room = [n for n in able if not (limit and counts.get(n, 0) >= limit)]
+        if room:
+            return min(room, key=lambda n: counts.get(n, 0))
+        if able:
             self._stats.overflow(route.name)
             raise not_started(
                 Unavailable(
