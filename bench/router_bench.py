@@ -46,6 +46,33 @@ def _baseline(repo: Path) -> tuple[subprocess.Popen[str], str]:
     return proc, f"127.0.0.1:{line[1]}"
 
 
+def _lag_buckets(proc) -> dict[float, float]:  # type: ignore[no-untyped-def]
+    """The service's mcp_event_loop_lag_seconds histogram: upper bound -> cumulative count."""
+    out: dict[float, float] = {}
+    for line in proc.metrics_text().splitlines():
+        if line.startswith("mcp_event_loop_lag_seconds_bucket{"):
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            out[float("inf") if bound == "+Inf" else float(bound)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def _p99(before: dict[float, float], after: dict[float, float]) -> float:
+    """p99 of what was observed between two scrapes, interpolated in its bucket (as histogram_quantile)."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = counts[-1] if counts else 0.0
+    if not total:
+        return 0.0
+    rank, lower, below = 0.99 * total, 0.0, 0.0
+    for bound, cumulative in zip(bounds, counts, strict=True):
+        if cumulative >= rank:
+            if bound == float("inf"):
+                return lower
+            return lower + (bound - lower) * (rank - below) / max(cumulative - below, 1e-9)
+        lower, below = bound, cumulative
+    return lower
+
+
 def _flip_latency(etcd: str, prefix: str, router: str, rounds: int = 20) -> list[float]:
     """etcd write of a breaker level -> the router's Route answers with it (polled over gRPC)."""
     keys = Keyspace(prefix)
@@ -88,8 +115,13 @@ def bench_e2e(repo: Path, seconds: float) -> dict[str, float]:
             spec = model_pb2.ModelSpec(model="demo-mlp", versions=["1"], replicas=1)
             control.LoadModel(control_pb2.LoadModelRequest(spec=spec), timeout=60)
             time.sleep(0.5)  # let the router's snapshot take the new routing (not a measurement)
+            idle_before = {p.name: _lag_buckets(p) for p in procs}
+            time.sleep(seconds)  # the idle baseline of the loop-lag figure: this machine's timer noise
+            idle = {p.name: _p99(idle_before[p.name], _lag_buckets(p)) for p in procs}
             for conc in (1, 16, 64):
+                lag_before = {p.name: _lag_buckets(p) for p in procs}
                 mesh = _loadgen(router.endpoints["grpc"], "demo-mlp", conc, seconds)
+                lag_after = {p.name: _lag_buckets(p) for p in procs}
                 base = _loadgen(base_target, "demo-mlp", conc, seconds)
                 figures[f"e2e_rps_c{conc}"] = round(mesh["rps"])
                 figures[f"e2e_p50_ms_c{conc}"] = round(mesh["p50_ms"], 2)
@@ -102,8 +134,17 @@ def bench_e2e(repo: Path, seconds: float) -> dict[str, float]:
                     f"p50 {mesh['p50_ms']:.1f} ms, p99 {mesh['p99_ms']:.1f} ms, {mesh['errors']} errors | "
                     f"one-hop grpc.aio+numpy baseline: {base['rps']:,.0f} req/s, p99 {base['p99_ms']:.1f} ms"
                 )
-            figures["e2e_vs_baseline_c64"] = round(
+            figures["e2e_vs_one_hop_c64"] = round(
                 figures["e2e_rps_c64"] / max(figures["baseline_rps_c64"], 1), 2
+            )
+            lags = {name: _p99(lag_before[name], lag_after[name]) for name in lag_after}  # of the c=64 run
+            figures["event_loop_lag_p99_ms_c64"] = round(max(lags.values()) * 1e3, 2)
+            figures["event_loop_lag_p99_ms_idle"] = round(max(idle.values()) * 1e3, 2)
+            print(
+                "event loop lag during c=64, p99: "
+                + ", ".join(f"{name} {lag * 1e3:.1f} ms" for name, lag in lags.items())
+                + " (target < 10 ms) | idle, same processes: "
+                + ", ".join(f"{name} {lag * 1e3:.1f} ms" for name, lag in idle.items())
             )
             flips = sorted(_flip_latency(etcd.endpoint, prefix, router.endpoints["grpc"]))
             figures["flip_apply_p50_ms"] = round(statistics.median(flips), 2)

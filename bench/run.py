@@ -36,10 +36,12 @@ from mcpcore.modelspec import parse_model_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+from delivery_bench import bench_duplicates_after_kill, bench_overload  # noqa: E402
 from health_bench import bench_failover  # noqa: E402
 from mempool_bench import bench_mempool  # noqa: E402
 from ring_bench import bench_ring  # noqa: E402
 from router_bench import bench_e2e, bench_transport  # noqa: E402
+from router_pick_bench import bench_router_pick  # noqa: E402
 from scheduler_bench import bench_load_to_running, bench_reconcile  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results.json"
@@ -122,9 +124,12 @@ BENCHES: dict[str, Callable[[Path, float], dict[str, float]]] = {
     "reconcile": bench_reconcile,
     "load_to_running": bench_load_to_running,
     "ring": bench_ring,
+    "router_pick": bench_router_pick,
     "transport": bench_transport,
     "e2e": bench_e2e,
     "failover": bench_failover,
+    "duplicates": bench_duplicates_after_kill,
+    "overload": bench_overload,
     "mempool": bench_mempool,
 }
 
