@@ -51,6 +51,7 @@ DEMO = [
     model_pb2.ModelSpec(model="demo-mlp", versions=["1", "2"], replicas=2, fallback_version="1"),
     model_pb2.ModelSpec(model="demo-onnx", versions=["1"], replicas=1),
     model_pb2.ModelSpec(model="demo-mlp-enc", versions=["1"], replicas=1),
+    model_pb2.ModelSpec(model="demo-stateful", versions=["1"], replicas=2),
 ]
 
 
@@ -109,6 +110,7 @@ def _demo_client() -> None:
         ("demo-mlp", "user-2"),
         ("demo-onnx", ""),
         ("demo-mlp-enc", ""),
+        ("demo-stateful", ""),
     ):
         for _ in range(50):  # the router learns of the new routes from etcd within milliseconds
             try:
@@ -120,9 +122,11 @@ def _demo_client() -> None:
                 if err.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
                     raise
                 time.sleep(0.1)
-        out = np.frombuffer(reply.outputs[0].data, np.float32)
-        head = ", ".join(f"{v:.4f}" for v in out[:3])
-        print(f"demo client: {model}/{reply.version} on {reply.worker_id}: OUTPUT0[:3] = [{head}]")
+        first = reply.outputs[0]
+        head = ", ".join(f"{v:.4f}" for v in np.frombuffer(first.data, np.float32)[:3])
+        names = ", ".join(o.name for o in reply.outputs)
+        where = f"{model}/{reply.version} on {reply.worker_id}"
+        print(f"demo client: {where}: outputs {names}; {first.name}[:3] = [{head}]")
 
 
 def up() -> int:

@@ -4,6 +4,9 @@ The suite keeps a short version of this (tests/integration/test_router.py kills 
 this one runs ``MCP_CHAOS_SECONDS`` (default 120) of load against three workers, killing one (kill -9 or
 SIGSTOP for a while) every few seconds and bringing a fresh one back, with the scheduler and health
 service recovering replicas as they go.
+
+The etcd outages of tests/integration/test_delivery.py (10 s there) run here for
+``MCP_CHAOS_ETCD_OUTAGE_S`` (default 60): etcd frozen, then killed and restarted, under checked load.
 """
 
 from __future__ import annotations
@@ -26,12 +29,14 @@ from harness import (
     make_demo_repository,
     wait_for,
 )
+from meshload import CheckedLoad, Mesh
 
 from mcpapi.v2 import control_pb2, control_pb2_grpc, inference_pb2, inference_pb2_grpc, model_pb2
 from mcpcore import dtypes
 
 pytestmark = pytest.mark.slow
 SECONDS = float(os.environ.get("MCP_CHAOS_SECONDS", "120"))
+OUTAGE_S = float(os.environ.get("MCP_CHAOS_ETCD_OUTAGE_S", "60"))
 X = np.random.default_rng(5).random((1, 64), dtype=np.float32)
 
 
@@ -40,6 +45,7 @@ def _infer(stub: inference_pb2_grpc.InferenceStub, key: str) -> None:
     stub.Infer(inference_pb2.InferRequest(model="demo-onnx", routing_key=key, inputs=[t]), timeout=30)
 
 
+@pytest.mark.timeout(SECONDS + 300)
 def test_no_request_fails_while_workers_die_and_come_back(tmp_path, etcd_endpoint):
     repo = make_demo_repository(tmp_path / "models")
     prefix = f"/chaos{uuid.uuid4().hex[:6]}/mcp"
@@ -91,3 +97,37 @@ def _ok(stub: inference_pb2_grpc.InferenceStub) -> bool:
         return True
     except grpc.RpcError:
         return False
+
+
+@pytest.mark.timeout(2 * OUTAGE_S + 300)
+@pytest.mark.parametrize("outage", ["frozen", "killed"])
+def test_a_long_etcd_outage_is_invisible_to_clients(tmp_path, outage):
+    """etcd frozen (SIGSTOP) or killed for OUTAGE_S under load: nothing fails, nothing runs twice, and the
+    mesh is back at its replica counts with records that match the workers after it returns."""
+    repo = make_demo_repository(tmp_path / "models")
+    mesh = Mesh(tmp_path, repo)
+    wanted = {"demo-mlp": 2, "demo-stateful": 2}
+    try:
+        for model, replicas in wanted.items():
+            mesh.load(model, replicas)
+        wait_for(lambda: mesh.consistent(wanted), 30, 0.1, "the mesh at its replica counts")
+        channel = mesh.channel()
+        with CheckedLoad(channel, "demo-mlp", repo) as mlp, CheckedLoad(channel, "demo-stateful", repo) as st:
+            mlp.wait_ok(50)
+            if outage == "frozen":
+                os.kill(mesh.etcd.proc.pid, signal.SIGSTOP)
+                time.sleep(OUTAGE_S)  # the fault's length
+                os.kill(mesh.etcd.proc.pid, signal.SIGCONT)
+            else:
+                mesh.etcd.kill()
+                time.sleep(OUTAGE_S)  # the fault's length
+                mesh.etcd.start()
+            wait_for(lambda: mesh.consistent(wanted), 60, 0.2, "the mesh back at its replica counts")
+            mlp.wait_ok(100)
+            st.wait_ok(100)
+        for result in (mlp.result, st.result):
+            assert (result.failures, result.wrong) == ([], []), result.failures[:5]
+        assert mesh.duplicates("demo-stateful") == []
+        print(f"etcd {outage} {OUTAGE_S:.0f}s: {mlp.result.ok} + {st.result.ok} answered, none failed")
+    finally:
+        mesh.close()

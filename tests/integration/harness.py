@@ -261,6 +261,16 @@ class ClientLoad:
             t.join(60)
 
 
+def metric(text: str, name: str, **labels: str) -> float:
+    """The sum of a metric's samples in Prometheus text that carry every given label value."""
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if (line.startswith(name + "{") or line.startswith(name + " ")) and all(w in line for w in want)
+    )
+
+
 def wait_for(predicate, timeout_s: float = 10.0, interval_s: float = 0.02, what: str = "condition"):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
     while True:

@@ -27,6 +27,7 @@ from harness import (
     SchedulerProcess,
     WorkerProcess,
     etcd_get,
+    metric,
     mlp_reference,
     wait_for,
 )
@@ -227,11 +228,7 @@ class Mesh:
         return sum(self._counted.values())
 
     def metric(self, proc: Any, name: str) -> float:
-        total = 0.0
-        for line in proc.metrics_text().splitlines():
-            if line.startswith(name) and not line.startswith("#"):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return metric(proc.metrics_text(), name)
 
     def close(self) -> None:
         for proc in (*self.routers, self.health, self.scheduler, *self.workers.values()):

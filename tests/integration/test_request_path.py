@@ -25,6 +25,7 @@ from harness import (
     WorkerProcess,
     etcd_put,
     make_demo_repository,
+    metric,
     mlp_reference,
     wait_for,
 )
@@ -103,15 +104,6 @@ def _serves(stub, model: str) -> bool:  # type: ignore[no-untyped-def]
         return False
 
 
-def _metric(text: str, name: str, **labels: str) -> float:
-    want = [f'{k}="{v}"' for k, v in labels.items()]
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(name) and all(w in line for w in want)
-    )
-
-
 def test_statuses_say_what_the_client_got_wrong_and_count_nothing_against_breakers(mesh):
     stub, router = mesh["stub"], mesh["router"]
     found, invalid = grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT
@@ -164,7 +156,7 @@ def test_breaker_level_2_drops_the_secondary_output_and_its_work(mesh, repo):
     stub, keys, workers = mesh["stub"], mesh["keys"], mesh["workers"]
 
     def macs() -> float:
-        return sum(_metric(w.metrics_text(), "mcp_worker_macs_total", model="demo-mlp") for w in workers)
+        return sum(metric(w.metrics_text(), "mcp_worker_macs_total", model="demo-mlp") for w in workers)
 
     def outputs(model: str) -> dict[str, np.ndarray]:
         return _outputs(stub.Infer(_request(model, version="1"), timeout=10))
@@ -230,10 +222,10 @@ def test_max_ongoing_requests_refuses_the_overflow_fast_and_says_it_did_not_star
     for r in refused:
         assert r.startswith("UNAVAILABLE: exceeds maximum queue size") and "max_ongoing_requests" in r, r
         assert r.endswith("(started: False)")
-    overflow = _metric(mesh["router"].metrics_text(), "mcp_router_overflow_total", model="slow-limited")
+    overflow = metric(mesh["router"].metrics_text(), "mcp_router_overflow_total", model="slow-limited")
     assert overflow >= len(refused)  # the scheduler's signal for another copy
 
 
 def test_every_service_measures_its_event_loop(mesh):
     for proc in (mesh["router"], *mesh["workers"]):
-        assert _metric(proc.metrics_text(), "mcp_event_loop_lag_seconds_count") > 0
+        assert metric(proc.metrics_text(), "mcp_event_loop_lag_seconds_count") > 0

@@ -18,6 +18,7 @@ import pytest
 import safetensors.numpy
 import yaml
 from harness import TensorClient, WorkerProcess, load_and_run, make_demo_repository
+from harness import metric as metric_in
 
 from mcpcore import wire
 from mcpcore.errors import DeadlineExceeded, Unavailable
@@ -77,12 +78,7 @@ def client(worker):
 
 
 def metric(worker: WorkerProcess, name: str, **labels: str) -> float:
-    want = [f'{k}="{v}"' for k, v in labels.items()]
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in worker.metrics_text().splitlines()
-        if line.startswith(name) and all(w in line for w in want)
-    )
+    return metric_in(worker.metrics_text(), name, **labels)
 
 
 def replies(client: TensorClient, n: int) -> list:  # type: ignore[type-arg]
