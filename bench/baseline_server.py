@@ -1,7 +1,8 @@
 """The one-hop baseline for ``make bench``: a plain grpc.aio server running the demo MLP in numpy.
 
 ``python bench/baseline_server.py REPO`` serves ``mcpapi.v2.Inference/Infer`` for demo-mlp/1 (same weights,
-same contract as the router), prints ``READY <port>``; what the router + worker add is measured against it.
+same contract as the router: OUTPUT0 and the RANK0 head), prints ``READY <port>``; what the router + worker
+add is measured against it.
 """
 
 from __future__ import annotations
@@ -19,17 +20,22 @@ from mcpapi.v2 import inference_pb2, inference_pb2_grpc
 
 class Baseline(inference_pb2_grpc.InferenceServicer):
     def __init__(self, repo: Path) -> None:
-        w = safetensors.numpy.load_file(str(repo / "demo-mlp" / "1" / "weights.safetensors"))
-        self.w1, self.b1, self.w2, self.b2 = w["fc1.weight"], w["fc1.bias"], w["fc2.weight"], w["fc2.bias"]
+        self.w = safetensors.numpy.load_file(str(repo / "demo-mlp" / "1" / "weights.safetensors"))
 
     async def Infer(self, request, context):  # type: ignore[no-untyped-def]
+        w = self.w
         t = request.inputs[0]
         x = np.frombuffer(t.data, np.float32).reshape(tuple(t.shape))
-        y = np.maximum(x @ self.w1 + self.b1, 0) @ self.w2 + self.b2
-        out = inference_pb2.Tensor(
-            name="OUTPUT0", dtype=11, shape=y.shape, data=y.astype(np.float32).tobytes()
-        )
-        return inference_pb2.InferResponse(model=request.model, version="1", outputs=[out])
+        hidden = np.maximum(x @ w["fc1.weight"] + w["fc1.bias"], 0)
+        y = hidden @ w["fc2.weight"] + w["fc2.bias"]
+        r = np.maximum(hidden @ w["rank1.weight"] + w["rank1.bias"], 0) @ w["rank2.weight"] + w["rank2.bias"]
+        r = np.exp(r - r.max(axis=-1, keepdims=True))
+        r /= r.sum(axis=-1, keepdims=True)
+        outs = [
+            inference_pb2.Tensor(name=name, dtype=11, shape=a.shape, data=a.astype(np.float32).tobytes())
+            for name, a in (("OUTPUT0", y), ("RANK0", r))
+        ]
+        return inference_pb2.InferResponse(model=request.model, version="1", outputs=outs)
 
 
 async def main(repo: Path) -> None:

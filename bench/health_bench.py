@@ -49,21 +49,22 @@ def bench_failover(repo: Path, seconds: float) -> dict[str, float]:
         health = HealthProcess(
             tmp, etcd.endpoint, prefix=prefix, check_interval_s=0.1, report_timeout_s=5
         ).start()
+        waiter = asyncio.new_event_loop()  # one loop for every kill: grpc.aio's poller outlives a closed one
         try:
             for _ in range(KILLS):
                 worker = WorkerProcess(tmp, etcd.endpoint, repo, prefix=prefix, lease_ttl_s=TTL_S,
                                        heartbeat_interval_s=0.2).start()  # fmt: skip
                 load_and_run(worker.control(), "demo-mlp")
                 key = Keyspace(prefix).replica("demo-mlp", "1", worker.worker_id)
-                waiter = asyncio.new_event_loop()
                 task = waiter.create_task(_wait_error(etcd.endpoint, key, TTL_S + 10))
                 waiter.run_until_complete(asyncio.sleep(0.05))  # the watch is open before the kill
                 killed = time.perf_counter()
                 worker.kill()
                 waiter.run_until_complete(task)
                 samples.append(time.perf_counter() - killed)
-                waiter.close()
         finally:
+            waiter.run_until_complete(asyncio.sleep(0.2))  # let the channels' last callbacks run
+            waiter.close()
             health.stop()
             etcd.stop()
     samples.sort()

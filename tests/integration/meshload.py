@@ -230,6 +230,11 @@ class Mesh:
     def metric(self, proc: Any, name: str) -> float:
         return metric(proc.metrics_text(), name)
 
+    def router_metric(self, name: str, **labels: str) -> float:
+        """A metric summed over the routers still running."""
+        live = [r for r in self.routers if r.proc is not None and r.proc.poll() is None]
+        return sum(metric(r.metrics_text(), name, **labels) for r in live)
+
     def close(self) -> None:
         for proc in (*self.routers, self.health, self.scheduler, *self.workers.values()):
             if proc.proc is not None and proc.proc.poll() is None:

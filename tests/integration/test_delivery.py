@@ -99,13 +99,19 @@ def test_kill_9_a_worker_under_load(mesh, repo):
 
 
 def test_sigstop_a_worker_past_its_lease(mesh, repo):
+    resent_before = mesh.router_metric("mcp_router_retries_total", reason="may_have_started")
+
     def fault() -> None:
         frozen = holder(mesh)
         os.kill(frozen.proc.pid, signal.SIGSTOP)
         settle(3.0)  # the fault: frozen past its 2 s lease
         os.kill(frozen.proc.pid, signal.SIGCONT)
 
-    under_load(mesh, repo, fault)
+    _, stateful = under_load(mesh, repo, fault)
+    # every client whose next request went to the frozen worker waited there until its link timed out:
+    # the idempotent ones were sent once more (counted by reason), the stateful ones failed, not resent
+    assert stateful.failures
+    assert mesh.router_metric("mcp_router_retries_total", reason="may_have_started") > resent_before
 
 
 def test_sigterm_a_worker_drains_it(mesh, repo):

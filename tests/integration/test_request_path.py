@@ -226,6 +226,22 @@ def test_max_ongoing_requests_refuses_the_overflow_fast_and_says_it_did_not_star
     assert overflow >= len(refused)  # the scheduler's signal for another copy
 
 
+def test_a_reply_after_the_deadline_is_dropped_and_counted_and_the_next_gets_its_own(mesh, repo):
+    stub, router = mesh["stub"], mesh["router"]
+    late_before = metric(router.metrics_text(), "mcp_router_late_replies_total")
+    with pytest.raises(grpc.RpcError) as info:  # 50 ms of work, 20 ms of time: the router gives up
+        stub.Infer(_request("slow-limited", x=X[:1], timeout_us=20_000), timeout=10)
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    wait_for(
+        lambda: metric(router.metrics_text(), "mcp_router_late_replies_total") > late_before,
+        what="the late reply dropped and counted",
+    )
+    reply = stub.Infer(_request("slow-limited", x=X[1:2], request_id="again"), timeout=10)
+    assert reply.request_id == "again"
+    want = mlp_reference(repo, "demo-mlp", "1", X[1:2])
+    np.testing.assert_allclose(_outputs(reply)["OUTPUT0"], want, rtol=1e-5, atol=1e-5)
+
+
 def test_every_service_measures_its_event_loop(mesh):
     for proc in (mesh["router"], *mesh["workers"]):
         assert metric(proc.metrics_text(), "mcp_event_loop_lag_seconds_count") > 0

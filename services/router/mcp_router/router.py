@@ -330,7 +330,8 @@ class Router(DataPlane):
                     self._stats.may_have_started(model)
                     raise Unavailable(
                         f"{err.message}; it may have started, so it was not sent again (model {model} is "
-                        "not idempotent, or its one resend is spent): retry only if running it twice is safe"
+                        "not idempotent, or its one resend or the retry budget is spent): retry only if "
+                        "running it twice is safe"
                     ) from None
                 continue
             if not reply.header.status_code:

@@ -341,7 +341,8 @@ class ModelManager:
         ]
         incarnation = self._info.get("incarnation")
         for rid, record in await self._lifecycle.records_of(self.worker_id):
-            held = (rid.model, rid.version) in self._replicas or (rid.model, rid.version) in self._loading
+            key = (rid.model, rid.version)
+            held = key in self._replicas or key in self._loading or key in self._unloading
             if held or record.state in (S.ERROR, S.IDLE):
                 continue
             reason = f"stale: worker {self.worker_id} (incarnation {incarnation}) does not hold it"
