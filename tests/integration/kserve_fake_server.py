@@ -90,6 +90,9 @@ class NumpyDataPlane(DataPlane):
             raise InvalidArgument(f"model {model} takes INPUT0 FP32 [-1, 64]; got {got}")
         call = {"model": model, "version": version, "request_id": request_id, "shape": list(x.shape)}
         print("CALL", json.dumps(call | options), flush=True)
+        unknown = [name for name in options.get("outputs", ()) if name != "OUTPUT0"]
+        if unknown:  # the DataPlane's part of the contract, as the router's
+            raise InvalidArgument(f"model {model} has no output(s) {unknown}; it has ['OUTPUT0']")
         return InferResult(model, "1", "local", {"OUTPUT0": mlp(x, self.weights)})
 
     def index(self) -> list[ModelIndexEntry]:

@@ -180,8 +180,8 @@ class Mesh:
         return {(m.model, m.version) for m in stats.models if model_pb2.ModelState.Name(m.state) == "RUNNING"}
 
     def consistent(self, wanted: dict[str, int]) -> bool:
-        """Every model RUNNING on its replica count, by records of registered workers' current incarnation,
-        and every such record matched by what its worker holds."""
+        """Every model RUNNING on its replica count, by whole records (idempotency and I/O included) of
+        registered workers' current incarnation, and every such record matched by what its worker holds."""
         try:
             running: Counter[str] = Counter()
             for worker in self.live_workers():
@@ -193,7 +193,11 @@ class Mesh:
                     doc = etcd_get(self.etcd.endpoint, self.keys.replica(model, "1", worker.worker_id)) or {}
                     if doc.get("state") != "RUNNING":
                         continue
-                    if doc.get("info", {}).get("incarnation") != record.get("incarnation"):
+                    info = doc.get("info", {})
+                    if info.get("incarnation") != record.get("incarnation"):
+                        return False
+                    # whole, even when re-created after a forget: routers decide resends by it
+                    if info.get("idempotent") is not (model != "demo-stateful") or "outputs" not in info:
                         return False
                     if (model, "1") not in held:
                         return False  # a record that lies

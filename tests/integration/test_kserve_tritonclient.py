@@ -109,7 +109,7 @@ def test_errors_arrive_as_statuses(run):
         "message": "input INPUT0: BYTES tensors are not supported; only numeric datatypes are",
     }
     assert errors["unknown_output"]["status"] == "StatusCode.INVALID_ARGUMENT"
-    assert "output NO_SUCH_OUTPUT" in errors["unknown_output"]["message"]
+    assert "no output(s) ['NO_SUCH_OUTPUT']" in errors["unknown_output"]["message"]
 
 
 def test_repository_index_load_and_unload(run):

@@ -177,12 +177,50 @@ def test_breaker_level_2_drops_the_secondary_output_and_its_work(mesh, repo):
             primary = outputs("demo-mlp")
         per_request_level2 = (macs() - before) / 20
         np.testing.assert_allclose(primary["OUTPUT0"], mlp_reference(repo, "demo-mlp", "1", X), rtol=1e-5)
+        named = stub.Infer(_request("demo-mlp", version="1", outputs=["OUTPUT0", "RANK0"]), timeout=10)
+        assert [o.name for o in named.outputs] == ["OUTPUT0"]  # asked for by name: left out, not an error
         assert per_request_level2 == 2 * (64 * 256 + 256 * 16)  # only fc1 and fc2 ran
         assert per_request_full == per_request_level2 + 2 * (256 * 64 + 64 * 8)  # the head costs that much
     finally:
         etcd_put(mesh["etcd"], keys.breaker("demo-mlp"), {"level": 0})
         etcd_put(mesh["etcd"], keys.breaker("demo-onnx"), {"level": 0})
     wait_for(lambda: "RANK0" in outputs("demo-mlp"), what="RANK0 back at level 0")
+
+
+def test_a_record_of_another_incarnation_routes_nothing_and_a_bad_worker_record_breaks_nothing(mesh):
+    """Records are claims: a RUNNING record written by an earlier process under a worker's id (another
+    incarnation) is not followed, and a worker record no socket could use is rejected, not fatal."""
+    stub, keys, etcd = mesh["stub"], mesh["keys"], mesh["etcd"]
+    router = mesh["router"]
+    holders = {w.worker_id for w in mesh["workers"] if "slow-limited" in w.metrics_text()}
+    other = next(w.worker_id for w in mesh["workers"] if w.worker_id not in holders)
+    phantom = {"state": "RUNNING", "since": 0, "reason": "", "transitions": [],
+               "info": {"incarnation": "an-earlier-process", "idempotent": True}}  # fmt: skip
+    etcd_put(etcd, keys.replica("slow-limited", "1", other), phantom)
+    etcd_put(etcd, keys.worker("bad-1"), {"zmq": "tcp://no-port", "grpc": "x:1"})
+    etcd_put(etcd, keys.replica("demo-mlp", "1", "bad-1"), {**phantom, "info": {"incarnation": ""}})
+    try:
+        wait_for(
+            lambda: metric(router.metrics_text(), "mcp_config_rejected_total", key="worker") >= 1,
+            what="the bad worker record rejected",
+        )
+        route = inference_pb2.RouteRequest(model="slow-limited", version="1")
+        for i in range(200):
+            route.routing_key = f"k{i}"
+            assert stub.Route(route, timeout=5).worker_id in holders  # never the phantom's worker
+        assert set(_outputs(stub.Infer(_request("demo-mlp", version="1"), timeout=10))) == {
+            "OUTPUT0",
+            "RANK0",
+        }
+    finally:
+        asyncio.run(_delete(etcd, keys.replica("slow-limited", "1", other), keys.worker("bad-1"),
+                            keys.replica("demo-mlp", "1", "bad-1")))  # fmt: skip
+
+
+async def _delete(endpoint: str, *keys: str) -> None:
+    async with EtcdStore([endpoint]) as store:
+        for key in keys:
+            await store.delete(key)
 
 
 def test_virtual_nodes_follow_each_workers_capacity(mesh):

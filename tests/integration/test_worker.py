@@ -328,6 +328,7 @@ def test_reregisters_and_republishes_after_etcd_loses_everything(tmp_path, resta
         control = proc.control()
         load_and_run(control, "demo-mlp")
         load_and_run(control, "demo-onnx")
+        load_and_run(control, "demo-stateful")
         control.Pause(worker_pb2.PauseRequest(model="demo-onnx", version="1"), timeout=10)
 
         restartable_etcd.stop()
@@ -338,17 +339,22 @@ def test_reregisters_and_republishes_after_etcd_loses_everything(tmp_path, resta
         wait_for(
             lambda: etcd_get(restartable_etcd.endpoint, keys.worker(proc.worker_id)), what="re-registration"
         )
-        # the worker record comes first, then each held replica's real state (in that order on purpose:
-        # a replica record naming an unregistered worker would look dead to the scheduler)
-        for model, state in (("demo-mlp", "RUNNING"), ("demo-onnx", "PAUSED")):
+        # the worker record and each held replica's real state come back in one transaction
+        for model, state in (("demo-mlp", "RUNNING"), ("demo-onnx", "PAUSED"), ("demo-stateful", "RUNNING")):
             wait_for(
                 lambda m=model, st=state: (
                     (replica(restartable_etcd.endpoint, prefix, m, proc.worker_id) or {}).get("state") == st
                 ),
                 what=f"{model} re-published as {state}",
             )
+        # re-created whole: what routers decide by (idempotency, limits, I/O) and whose process wrote it
+        incarnation = etcd_get(restartable_etcd.endpoint, keys.worker(proc.worker_id))["incarnation"]
+        for model, idempotent in (("demo-mlp", True), ("demo-stateful", False)):
+            info = replica(restartable_etcd.endpoint, prefix, model, proc.worker_id)["info"]
+            assert (info["idempotent"], info["incarnation"]) == (idempotent, incarnation), info
+            assert info["outputs"] and info["max_ongoing_requests"] > 0
         report = wait_for(lambda: etcd_get(restartable_etcd.endpoint, keys.worker_load(proc.worker_id)))
-        assert set(report["models"]) == {"demo-mlp/1", "demo-onnx/1"}
+        assert set(report["models"]) == {"demo-mlp/1", "demo-onnx/1", "demo-stateful/1"}
         client.infer("demo-mlp", {"INPUT0": X})
     finally:
         client.close()

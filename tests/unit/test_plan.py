@@ -423,3 +423,15 @@ def test_plans_reach_a_fixed_point(case):
             return
         view = _apply(view, p)
     raise AssertionError(f"still acting after 30 rounds: {brief(p)}")
+
+
+def test_a_record_of_an_earlier_incarnation_is_forgotten_and_not_a_copy():
+    """worker-1 restarted under its id: its old process's RUNNING record claims what nobody holds."""
+    now = worker("w1", incarnation="new")
+    stale = ReplicaInfo("m", "1", "w1", S.RUNNING, 0.0, revision=9, incarnation="old")
+    p = plan(cluster([now, worker("w2")], [stale], [spec(replicas=1)]))
+    forget = [a for a in p.actions if isinstance(a, ForgetReplica)]
+    assert [(a.worker, a.revision) for a in forget] == [("w1", 9)] and "stale" in forget[0].reason
+    assert p.status["m"].versions == {"1": (0, 1)}  # not a copy: the next round places one again
+    current = ReplicaInfo("m", "1", "w1", S.RUNNING, 0.0, revision=9, incarnation="new")
+    assert not [a for a in plan(cluster([now], [current], [spec()])).actions if isinstance(a, ForgetReplica)]

@@ -7,7 +7,8 @@ Invariants:
 - The loop never dies: errors are logged, counted (``on_error``) and retried with backoff, and the mirror
   keeps its last state meanwhile (services keep working from it while etcd is away).
 - ``on_change(keys)`` runs after each applied batch with the keys it touched (or every key after a
-  reload); it must not block.
+  reload); it must not block. If it raises, the error is logged and counted and the mirror goes on: the
+  values stay applied (a failing consumer never makes the mirror skip or repeat events).
 """
 
 from __future__ import annotations
@@ -69,7 +70,14 @@ class PrefixMirror:
         self.revisions = {kv.key: kv.mod_revision for kv in snapshot.items}
         self.revision = snapshot.revision
         self.synced.set()
-        self._on_change(touched)
+        self._notify(touched)
+
+    def _notify(self, keys: set[str]) -> None:
+        try:
+            self._on_change(keys)
+        except Exception:
+            self._on_error(f"{self._name}_apply")
+            log.exception("%s: applying %d changed key(s) failed; the mirror goes on", self._name, len(keys))
 
     async def _watch(self) -> None:
         backoff = 0.1
@@ -91,7 +99,7 @@ class PrefixMirror:
                             else:
                                 self.values[ev.key] = ev.value
                                 self.revisions[ev.key] = ev.mod_revision
-                        self._on_change(touched)
+                        self._notify(touched)
                         self._on_applied(time.perf_counter() - started)
                         backoff = 0.1
             except asyncio.CancelledError:

@@ -31,6 +31,10 @@ class RouterConfig:
     #: request goes elsewhere or is refused UNAVAILABLE "exceeds maximum queue size".
     max_in_flight_per_worker: int = 512
     max_bytes_in_flight: int = 1 << 30
+    #: Size limits of one ZeroMQ message (keep them at least the workers' own, which never send more;
+    #: a frame over these makes ZeroMQ drop the link).
+    max_tensor_bytes: int = 16 << 20
+    max_message_bytes: int = 64 << 20
     #: Link health: ZMTP heartbeats to every worker; a worker silent for ``link_timeout_s`` (dead, frozen,
     #: cut off) is a link down: keep it below the workers' lease TTL.
     link_heartbeat_s: float = 0.5

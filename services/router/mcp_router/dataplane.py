@@ -89,7 +89,9 @@ class DataPlane(abc.ABC):
         outputs: tuple[str, ...] = (),
         parameters: Mapping[str, str] = field(default_factory=dict),  # type: ignore[assignment]
     ) -> InferResult:
-        """Route and run one request; errors are MCPErrors (``NotFound``, ``InvalidArgument``, ...)."""
+        """Route and run one request; errors are MCPErrors (``NotFound``, ``InvalidArgument``, ...).
+        ``outputs`` (empty: all) are checked here: an unknown name is ``InvalidArgument``, and the result
+        holds the named ones that were computed (breaker level 2 may leave a secondary one out)."""
 
     @abc.abstractmethod
     def index(self) -> list[ModelIndexEntry]: ...

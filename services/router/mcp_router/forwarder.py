@@ -80,6 +80,17 @@ class _Link:
     def __init__(self, ctx: zmq.asyncio.Context, endpoint: WorkerEndpoint, fwd: Forwarder) -> None:
         self.endpoint = endpoint
         self.sock = ctx.socket(zmq.DEALER)
+        try:
+            self.monitor = self._configure(endpoint, fwd)
+        except BaseException:
+            self.sock.close(linger=0)
+            raise
+        self.pending: dict[str, _Pending] = {}
+        self.tasks: list[asyncio.Task[None]] = []
+        self.down = True  # until the handshake succeeds; again from a disconnect to the next handshake
+        self.draining = False  # the worker answered "draining": send it nothing more
+
+    def _configure(self, endpoint: WorkerEndpoint, fwd: Forwarder) -> zmq.asyncio.Socket:
         limits = fwd.limits
         for option, value in (
             (zmq.LINGER, 0),
@@ -96,13 +107,13 @@ class _Link:
             public, secret = zmq.curve_keypair()
             self.sock.curve_serverkey = endpoint.curve_public_key.encode()
             self.sock.curve_publickey, self.sock.curve_secretkey = public, secret
-        events = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
-        self.monitor = self.sock.get_monitor_socket(events)
-        self.sock.connect(endpoint.zmq)
-        self.pending: dict[str, _Pending] = {}
-        self.tasks: list[asyncio.Task[None]] = []
-        self.down = True  # until the handshake succeeds; again from a disconnect to the next handshake
-        self.draining = False  # the worker answered "draining": send it nothing more
+        monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        try:
+            self.sock.connect(endpoint.zmq)
+        except BaseException:
+            monitor.close(linger=0)
+            raise
+        return monitor
 
 
 class Forwarder:
@@ -151,7 +162,12 @@ class Forwarder:
         for worker_id, endpoint in workers.items():
             link = self._links.get(worker_id)
             if link is None:
-                link = _Link(self._ctx, endpoint, self)
+                try:
+                    link = _Link(self._ctx, endpoint, self)
+                except zmq.ZMQError as exc:  # one unusable endpoint must not cost the others their links
+                    self._on_error("zmq_link")
+                    log.error("cannot open a link to worker %s at %s: %s", worker_id, endpoint.zmq, exc)
+                    continue
                 link.tasks = [
                     asyncio.create_task(self._receive(link), name=f"zmq-recv-{worker_id}"),
                     asyncio.create_task(self._watch(link), name=f"zmq-monitor-{worker_id}"),
@@ -172,6 +188,12 @@ class Forwarder:
         """Connected and not draining: a new request may go there."""
         link = self._links.get(worker_id)
         return link is not None and not link.down and not link.draining and not link.endpoint.draining
+
+    def serving(self, worker_id: str) -> bool:
+        """Connected and still taking requests, though its record may say draining (it is handing its
+        replicas over): where a request goes when no other copy can take it."""
+        link = self._links.get(worker_id)
+        return link is not None and not link.down and not link.draining
 
     def in_flight(self, worker_id: str) -> int:
         link = self._links.get(worker_id)
@@ -217,7 +239,7 @@ class Forwarder:
         link = self._links.get(worker_id)
         if link is None or link.down:
             raise NotSent(f"worker {worker_id} is not connected")
-        if link.draining or link.endpoint.draining:
+        if link.draining:
             raise NotSent(f"worker {worker_id} is draining")
         if len(link.pending) >= self.max_in_flight:
             raise NotSent(

@@ -80,12 +80,35 @@ class _Attempts:
     deadline: float
     tried: set[str] = field(default_factory=set)
     resent: bool = False
+    maybe_ran: bool = False  # a worker held it when its link failed: "not started" can no longer be said
     last: MCPError | None = None
     again: str = ""  # why the next send is a retry (mcp_router_retries_total{reason})
 
     def failed(self, worker: str, error: MCPError, again: str) -> None:
         self.tried.add(worker)
         self.last, self.again = error, again
+
+    def final(self, fallback: MCPError) -> MCPError:
+        """The error to answer with once nothing is left to try: the last worker's answer, never marked
+        "not started" if an earlier try may have run."""
+        error = self.last or fallback
+        if self.maybe_ran:
+            error.not_started = False
+        return error
+
+
+def _select(route: ModelRoute, result: InferResult, outputs: tuple[str, ...]) -> InferResult:
+    """The outputs a client asked for. A secondary output breaker level 2 left out is left out of the
+    answer too (the degraded answer, not an error that would feed the breaker); any other is the
+    client's mistake."""
+    off = route.secondary.get(result.version, frozenset())
+    missing = [n for n in outputs if n not in result.outputs and n not in off]
+    if missing:
+        raise InvalidArgument(
+            f"model {route.name} has no output(s) {missing}; it has {sorted(result.outputs)}"
+        )
+    chosen = {n: result.outputs[n] for n in outputs if n in result.outputs}
+    return InferResult(result.model, result.version, result.worker_id, chosen)
 
 
 def _not_loaded(model: str) -> NotFound:
@@ -222,6 +245,9 @@ class Router(DataPlane):
         # loaded one that may (or say why none may)
         able = [n for n in ring.nodes if n not in tried and fwd.usable(n)]
         room = [n for n in able if not (limit and counts.get(n, 0) >= limit)]
+        if not room:  # last resort: a worker handing its replicas over still serves them meanwhile
+            room = [n for n in ring.nodes if n not in tried and fwd.serving(n)]
+            room = [n for n in room if not (limit and counts.get(n, 0) >= limit)]
         if room:
             return min(room, key=lambda n: counts.get(n, 0))
         if able:
@@ -270,20 +296,13 @@ class Router(DataPlane):
             result = await self._infer(
                 route, version, inputs, routing_key=routing_key, priority=priority, timeout_s=timeout_s
             )
+            if outputs:
+                result = _select(route, result, outputs)
         except MCPError as err:
             shown = version if route is not None and route.knows(version) else (UNKNOWN if version else "")
             self._stats.record(label, shown, error_class(err), time.perf_counter() - started, err.code.name)
             raise
         self._stats.record(model, result.version, None, time.perf_counter() - started, "OK")
-        if outputs:
-            missing = [n for n in outputs if n not in result.outputs]
-            if missing:
-                raise InvalidArgument(
-                    f"model {model} has no output(s) {missing}; it has {sorted(result.outputs)}"
-                )
-            return InferResult(
-                result.model, result.version, result.worker_id, {n: result.outputs[n] for n in outputs}
-            )
         return result
 
     async def _infer(
@@ -308,10 +327,10 @@ class Router(DataPlane):
             try:
                 worker = self._pick(route, chosen, key, attempts.tried)
             except Unavailable as err:  # none left: the last worker's answer says the most
-                raise attempts.last or err from None
+                raise attempts.final(err) from None
             left = attempts.deadline - time.monotonic()
             if left <= 0:
-                raise attempts.last or DeadlineExceeded(f"request to {model}/{chosen} ran out of time")
+                raise attempts.final(DeadlineExceeded(f"request to {model}/{chosen} ran out of time"))
             if attempts.again:
                 self._stats.retried(attempts.again)
             header = tensor_pb2.TensorHeader(
@@ -339,12 +358,16 @@ class Router(DataPlane):
             self._refused(worker, reply.header, attempts)
 
     def _resend(self, route: ModelRoute, version: str, worker: str, attempts: _Attempts) -> bool:
-        """After "may have started": whether the request goes out once more (idempotent models only)."""
+        """After "may have started": whether the request goes out once more (idempotent models only).
+
+        Not drawn from the retry budget: once per request bounds it (a worker that dies holding 100
+        requests costs 100 resends, never more), and an idempotent model must lose nothing to a kill."""
         attempts.tried.add(worker)
+        attempts.maybe_ran = True
         if (
             attempts.resent
-            or not route.idempotent.get(version, True)
-            or not self._may_retry(attempts.deadline)
+            or not route.idempotent.get(version, False)
+            or time.monotonic() >= attempts.deadline
         ):
             return False
         attempts.resent, attempts.again = True, "may_have_started"
@@ -360,7 +383,8 @@ class Router(DataPlane):
             attempts.failed(worker, error, "draining")
             return
         if not self._may_retry(attempts.deadline):
-            raise error
+            attempts.last = error
+            raise attempts.final(error)
         attempts.failed(worker, error, "not_started")
 
     def _may_retry(self, deadline: float) -> bool:

@@ -29,6 +29,7 @@ from mcpapi.kserve import grpc_service_pb2_grpc as kserve_grpc
 from mcpapi.v1 import inference_pb2_grpc as v1_grpc
 from mcpapi.v2 import control_pb2, control_pb2_grpc, model_pb2
 from mcpapi.v2 import inference_pb2_grpc as v2_grpc
+from mcpcore import wire
 from mcpcore.errors import from_rpc_error
 from mcpcore.etcd_store import EtcdStore
 from mcpcore.keys import Keyspace
@@ -53,6 +54,9 @@ class RouterServer:
         self.forwarder = Forwarder(
             max_in_flight=config.max_in_flight_per_worker,
             max_bytes=config.max_bytes_in_flight,
+            limits=wire.Limits(
+                max_tensor_bytes=config.max_tensor_bytes, max_message_bytes=config.max_message_bytes
+            ),
             heartbeat_s=config.link_heartbeat_s,
             heartbeat_timeout_s=config.link_timeout_s,
             on_error=self.metrics.count_loop_error,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -69,8 +70,9 @@ class ModelRoute:
     load_on_demand: bool = False
     metadata: ModelMetadata | None = None
     declared: frozenset[str] = frozenset()  # versions the spec names (any other is NOT_FOUND)
-    idempotent: Mapping[str, bool] = field(default_factory=dict)  # version -> may run twice (default yes)
+    idempotent: Mapping[str, bool] = field(default_factory=dict)  # version -> may run twice (unsaid: no)
     max_ongoing: Mapping[str, int] = field(default_factory=dict)  # version -> requests per replica
+    secondary: Mapping[str, frozenset[str]] = field(default_factory=dict)  # version -> level-2 outputs
 
     def breaker_level(self, now: float) -> int:
         return self.breaker.level_at(now)
@@ -161,6 +163,13 @@ class Snapshots:
     async def _expire_ghosts(self) -> None:
         while True:
             await asyncio.sleep(min(1.0, self._grace / 4))  # a periodic check, not a synchronisation
+            try:
+                self._expire_once()
+            except Exception:
+                log.exception("router snapshot: expiring workers kept past their lease failed; going on")
+
+    def _expire_once(self) -> None:
+        if self._ghosts:
             now = self._clock()
             gone = [
                 w for w, g in self._ghosts.items() if now - g.since >= self._grace or not self._link_ok(w)
@@ -194,7 +203,12 @@ class Snapshots:
         workers_changed = False
         for key in keys:
             value = self.mirror.values.get(key)
-            touched = self._apply(EventType.DELETE if value is None else EventType.PUT, key, value or b"")
+            try:
+                touched = self._apply(EventType.DELETE if value is None else EventType.PUT, key, value or b"")
+            except Exception:  # one bad value must not keep the others out of the table
+                self._on_rejected("record")
+                log.exception("router snapshot: could not apply %s; the rest goes on", key)
+                continue
             workers_changed |= touched == "*"
             if touched and touched != "*":
                 dirty.add(touched)
@@ -237,11 +251,14 @@ class Snapshots:
             self._lost(worker)
             return "*"
         doc = _json(value)
-        if not isinstance(doc, dict) or not isinstance(doc.get("zmq"), str):
+        why = _bad_worker_record(doc)
+        if why:
+            self._on_rejected("worker")
+            log.warning("rejected the record of worker %s: %s", worker, why)
             return ""
         self._ghosts.pop(worker, None)  # registered again: its records say what it holds
         capacity = doc.get("capacity", 1.0)
-        valid = isinstance(capacity, int | float) and not isinstance(capacity, bool) and 0 < capacity < 1e6
+        valid = isinstance(capacity, int | float) and not isinstance(capacity, bool) and 0 < capacity <= 64
         self._workers[worker] = WorkerEndpoint(
             worker,
             doc["zmq"],
@@ -321,12 +338,17 @@ class Snapshots:
         metadata = None
         idempotent: dict[str, bool] = {}
         ongoing: dict[str, int] = {}
+        secondary: dict[str, frozenset[str]] = {}
         for (version, worker), doc in sorted(self._running(model).items()):
             endpoint = self._workers.get(worker) or self._ghosts[worker].endpoint
             running.setdefault(version, {})[worker] = endpoint.capacity
             metadata = metadata or _metadata(model, doc)
             info = doc.get("info") or {}
-            idempotent[version] = idempotent.get(version, True) and info.get("idempotent", True) is not False
+            # a record that does not say is taken as not idempotent: never run twice on a guess
+            idempotent[version] = idempotent.get(version, True) and info.get("idempotent") is True
+            names = info.get("secondary")
+            if isinstance(names, list):
+                secondary[version] = frozenset(str(n) for n in names)
             limit = info.get("max_ongoing_requests", DEFAULT_MAX_ONGOING_REQUESTS)
             if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
                 ongoing[version] = min(ongoing.get(version, limit), limit)
@@ -351,7 +373,25 @@ class Snapshots:
             declared=declared | ({str(fallback)} if fallback not in (None, "") else frozenset()),
             idempotent=idempotent,
             max_ongoing=ongoing,
+            secondary=secondary,
         )
+
+
+_ENDPOINT = re.compile(r"(tcp://(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):[0-9]{1,5}|ipc://\S+)")
+_Z85_KEY = re.compile(r"[0-9A-Za-z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}")
+
+
+def _bad_worker_record(doc: Any) -> str:
+    """Why a worker record cannot be routed to ("" when it can): a bad endpoint or key must not reach a
+    socket (ZeroMQ raises on them) and break routing for everyone else."""
+    if not isinstance(doc, dict):
+        return "not a JSON object"
+    endpoint, key = doc.get("zmq"), doc.get("curve_public_key", "")
+    if not isinstance(endpoint, str) or not _ENDPOINT.fullmatch(endpoint):
+        return f"zmq endpoint {endpoint!r} is not tcp://host:port or ipc://path"
+    if key and (not isinstance(key, str) or not _Z85_KEY.fullmatch(key)):
+        return "curve_public_key is not a 40-character z85 key"
+    return ""
 
 
 def _serves(doc: Mapping[str, Any], endpoint: WorkerEndpoint) -> bool:

@@ -297,6 +297,7 @@ def parse_worker(worker_id: str, record_raw: bytes, load_raw: bytes | None, drai
         stopped=stopped,
         draining=draining or bool(rec.body.get("draining")),  # a drain key, or the worker stopping
         last_beat=last_beat,
+        incarnation=str(rec.body.get("incarnation", "")),
     )
 
 
@@ -330,6 +331,7 @@ def parse_replica(model: str, version: str, worker: str, raw: bytes, revision: i
         reason=record.reason,
         revision=revision,
         memory_bytes=memory,
+        incarnation=str(record.info.get("incarnation", "")),
     )
 
 

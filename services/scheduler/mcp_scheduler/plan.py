@@ -8,6 +8,8 @@ Invariants:
   in flight and the loads planned earlier in the same plan).
 - Safe flips: a routing names a version only once it is RUNNING on ``max(1, required)`` replicas on live,
   not-stopped workers; until then the routing in force stays and ``ModelStatus.pending`` says why.
+- A record written by another incarnation of its worker than the one registered now is stale: never a
+  copy, forgotten (the process that wrote it is gone; routers do not follow it either).
 - Never unloads below the required RUNNING copies: a drained or excess copy goes only once enough RUNNING
   copies on usable workers remain. A LOADING replica is left to finish; a stopped worker gets no actions
   but ``ForgetReplica`` (an emergency stop releases its replicas itself).
@@ -227,8 +229,12 @@ class _Planner:
     def _forget(self) -> None:
         for key in sorted(self.view.replicas):
             r = self.view.replicas[key]
-            if r.worker not in self.view.workers:
+            w = self.view.workers.get(r.worker)
+            if w is None:
                 reason = f"worker {r.worker} is gone"
+            elif r.incarnation and w.incarnation and r.incarnation != w.incarnation:
+                reason = f"stale: written by an earlier process under worker id {r.worker}"
+                self.replicas.pop(key, None)  # a claim nobody holds: not a copy, not memory in use
             elif r.state is S.ERROR:
                 reason = f"failed: {r.reason}" if r.reason else "failed"
             elif r.state is S.IDLE and key not in self.in_flight:

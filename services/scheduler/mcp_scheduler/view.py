@@ -41,6 +41,7 @@ class WorkerInfo:
     stopped: bool = False  # emergency-stopped (load report): takes no new replicas
     draining: bool = False  # ``/mcp/drain/<id>``: takes no new replicas, its replicas move away
     last_beat: float = 0.0
+    incarnation: str = ""  # the worker process now holding the id ("": a record from before incarnations)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class ReplicaInfo:
     reason: str = ""
     revision: int = 0
     memory_bytes: int = 0  # measured by the worker (record info), 0 while unknown
+    incarnation: str = ""  # the worker process that wrote it (record info)
 
     @property
     def key(self) -> ReplicaKey:

@@ -45,7 +45,8 @@ class WorkerConfig:
     memory_capacity_bytes: int = 8 << 30
     #: Batches executing at once (threads running model code).
     exec_slots: int = 2
-    #: This worker's share of traffic relative to others (routers weight its virtual nodes by it).
+    #: This worker's share of traffic relative to others (routers weight its virtual nodes by it; at most 64,
+    #: so one record cannot make every router build a huge ring).
     capacity: float = 1.0
     #: Admission: requests, and bytes of their tensors, held at once; past them a request is refused at
     #: once ("exceeds maximum queue size", not started), shared fairly between models.
@@ -87,8 +88,10 @@ class WorkerConfig:
             raise ValueError(f"exec_slots: must be >= 1, got {self.exec_slots}")
         if self.memory_capacity_bytes <= 0:
             raise ValueError(f"memory_capacity_bytes: must be > 0, got {self.memory_capacity_bytes}")
-        if not self.capacity > 0:
-            raise ValueError(f"capacity: must be > 0, got {self.capacity}")
+        if not 0 < self.capacity <= 64:
+            raise ValueError(
+                f"capacity: must be in (0, 64] (a weight against other workers), got {self.capacity}"
+            )
         if self.max_in_flight_requests < 1 or self.max_in_flight_bytes < self.max_message_bytes:
             raise ValueError(
                 "max_in_flight_requests: must be >= 1, and max_in_flight_bytes at least max_message_bytes "

@@ -71,6 +71,21 @@ class Replica:
     record: ReplicaRecord | None = field(default=None, repr=False)
 
     @property
+    def info(self) -> dict[str, Any]:
+        """What the replica record says of the loaded model (routers read it); a re-sync writes it again,
+        whatever survived in etcd."""
+        config = self.config
+        return {
+            "memory_bytes": self.memory_bytes,
+            "platform": config.backend,
+            "inputs": _signature(config.inputs),
+            "outputs": _signature(config.outputs),
+            "secondary": list(config.qos.secondary_features),
+            "idempotent": config.idempotent,
+            "max_ongoing_requests": config.max_ongoing_requests,
+        }
+
+    @property
     def key(self) -> str:
         return f"{self.rid.model}/{self.rid.version}"
 
@@ -106,6 +121,7 @@ class ModelManager:
         self._on_work = on_work
         self._clock = clock
         self._replicas: dict[tuple[str, str], Replica] = {}
+        self._held: dict[str, int] = {}  # model -> versions held (what admission may count)
         self._loading: dict[tuple[str, str], asyncio.Task[Replica]] = {}
         self._unloading: dict[tuple[str, str], asyncio.Task[Replica]] = {}
         self._admission = asyncio.Lock()  # serialises memory reservations
@@ -125,6 +141,10 @@ class ModelManager:
         if replica is None:
             raise NotFound(f"model {model} version {version} is not loaded on worker {self.worker_id}")
         return replica
+
+    def holds(self, model: str) -> bool:
+        """Whether any version of ``model`` is loaded here (O(1): the tensor server asks per request)."""
+        return model in self._held
 
     def labels(self, model: str, version: str) -> tuple[str, str]:
         """Metric labels for a request naming ``model``/``version``: only names held here, so a client
@@ -235,18 +255,9 @@ class ModelManager:
         queue.set_batch_ratio(self._batch_ratios.get(rid.model, 1.0))  # a breaker already in force
         replica = Replica(rid, config, backend, queue, self.budget.held(name), S.LOADING, self._clock())
         self._replicas[(rid.model, rid.version)] = replica
+        self._held[rid.model] = self._held.get(rid.model, 0) + 1
         try:
-            await self._set(
-                rid,
-                S.READY,
-                "loaded and warmed up",
-                memory_bytes=replica.memory_bytes,
-                platform=config.backend,
-                inputs=_signature(config.inputs),
-                outputs=_signature(config.outputs),
-                idempotent=config.idempotent,
-                max_ongoing_requests=config.max_ongoing_requests,
-            )
+            await self._set(rid, S.READY, "loaded and warmed up", **replica.info)
         except BaseException:
             await self._discard(replica)
             raise
@@ -335,7 +346,10 @@ class ModelManager:
         commits them in one transaction with the worker's record."""
         writes = [
             await self._lifecycle.resync_op(
-                replica.rid, replica.state, reason=replica.reason or "worker re-registered", info=self._info
+                replica.rid,
+                replica.state,
+                reason=replica.reason or "worker re-registered",
+                info={**replica.info, **self._info},  # whole: the record may be gone (forgotten meanwhile)
             )
             for replica in self.replicas()
         ]
@@ -392,7 +406,12 @@ class ModelManager:
     async def _discard(self, replica: Replica) -> None:
         """Stop admitting, wait for admitted requests, release the backend and the memory."""
         await self._dispatcher.remove_model(replica.key)
-        self._replicas.pop((replica.rid.model, replica.rid.version), None)
+        if self._replicas.pop((replica.rid.model, replica.rid.version), None) is not None:
+            left = self._held.get(replica.rid.model, 1) - 1
+            if left:
+                self._held[replica.rid.model] = left
+            else:
+                self._held.pop(replica.rid.model, None)
         await asyncio.get_running_loop().run_in_executor(None, replica.backend.close)
         self.budget.release(replica.key)
 

@@ -120,13 +120,24 @@ class Registration:
                 continue  # someone wrote the record or a replica meanwhile: read again
             self._record_revision = result.revision
             self._resynced(first, result.revision)
-            for start in range(0, len(rest), _TXN_REPLICAS):  # a worker holding more than one txn takes
-                chunk = rest[start : start + _TXN_REPLICAS]
+            await self._commit_rest(rest)
+            return current.lease if current is not None else 0
+        raise FailedPrecondition(f"worker {self._id}: could not register; its records keep changing")
+
+    async def _commit_rest(self, writes: list[Resync]) -> None:
+        """Replicas past the first transaction's room, in more transactions (each re-read and tried again
+        while someone else wrote in between)."""
+        for start in range(0, len(writes), _TXN_REPLICAS):
+            chunk = writes[start : start + _TXN_REPLICAS]
+            for _ in range(_TRIES):
                 done = await self._store.txn([w.compare for w in chunk], [w.put for w in chunk])
                 if done.succeeded:
                     self._resynced(chunk, done.revision)
-            return current.lease if current is not None else 0
-        raise FailedPrecondition(f"worker {self._id}: could not register; its records keep changing")
+                    break
+                rids = {w.rid for w in chunk}
+                chunk = [w for w in await self._resync_ops() if w.rid in rids]
+            else:
+                log.warning("worker %s: %d replica records could not be re-synced", self._id, len(chunk))
 
     def _took_over(self, raw: bytes) -> None:
         try:

@@ -7,11 +7,12 @@ is not fatal: the heartbeat loop registers as soon as it can, and serving never 
 Each process start has its own incarnation id, in the worker record and in every replica record it
 writes, so a record left by an earlier process under the same worker id can be told apart.
 
-A graceful stop (SIGTERM) drains (DESIGN.md 7): the record says ``draining`` (routers stop choosing the
-worker) and every new request is answered "not started, draining"; admitted work finishes within
-``drain_timeout_s``, whatever is still queued then is answered "not started"; then the lease is revoked
-and the sockets close. Routers retry only what provably did not start, so a drained worker fails no
-request and runs none twice.
+A graceful stop (SIGTERM) drains (DESIGN.md 7): the record says ``draining``, so the scheduler places its
+replicas elsewhere and routers choose it only where no other copy can serve; it keeps serving until every
+RUNNING replica it holds runs on another worker too (a handover, bounded by ``drain_timeout_s``; skipped
+when etcd cannot say). Then every new request is answered "not started, draining", admitted work
+finishes, whatever is still queued is answered "not started", the lease is revoked and the sockets close.
+Routers retry only what provably did not start, so a drained worker fails no request and runs none twice.
 
 GPU figures come from an NVML sampler thread; nothing on the event loop waits on a subprocess.
 """
@@ -34,6 +35,7 @@ from mcp_worker.batching import Dispatcher
 from mcp_worker.breakers import BreakerWatch
 from mcp_worker.buffers import BatchBuffers
 from mcp_worker.config import WorkerConfig
+from mcp_worker.drain import Drain
 from mcp_worker.executions import Executions
 from mcp_worker.memory import MemoryBudget
 from mcp_worker.models import ModelManager
@@ -57,8 +59,6 @@ __all__ = ["Worker", "WorkerMetrics"]
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "mcpapi.v2.WorkerControl"
-_DRAIN_LINGER_S = 0.2  # after draining: close once no request came for this long (routers saw the flag)
-_DRAIN_LINGER_MAX_S = 2.0
 
 
 class WorkerMetrics(RequestMetrics):
@@ -147,6 +147,10 @@ class Worker:
                 owner=f"worker {config.worker_id}",
                 on_refused=self.metrics.admission_refused.inc,
             ),
+            holds=self.manager.holds,
+            on_not_held=lambda: self.metrics.observe_request(
+                "_unknown", "_unknown", "zmq", "UNAVAILABLE", seconds=0.0, error_class="unavailable"
+            ),
             heartbeat_s=config.zmq_heartbeat_s,
             heartbeat_timeout_s=config.zmq_heartbeat_timeout_s,
         )
@@ -165,6 +169,17 @@ class Worker:
         self.gpus = GpuSampler()
         self._lag = LoopLagMonitor(self.metrics.loop_lag.observe)
         self.draining = ""  # the reason, once a graceful stop began
+        self._drain = Drain(
+            worker_id=config.worker_id,
+            store=self.store,
+            keys=self.keys,
+            manager=self.manager,
+            tensors=self.tensors,
+            dispatcher=self.dispatcher,
+            registration=lambda: self.registration,
+            timeout_s=config.drain_timeout_s,
+            etcd_timeout_s=config.etcd_timeout_s,
+        )
 
     async def start(self) -> dict[str, str]:
         cfg = self.config
@@ -238,24 +253,10 @@ class Worker:
             self._metrics_server.stop()
 
     async def drain(self, reason: str) -> None:
-        """The graceful stop's first half: take no new work, finish what was admitted (DESIGN.md 7)."""
-        if self.draining:
-            return
-        self.draining = reason
-        self.tensors.drain()  # from now on: "not started, draining"
-        if self.registration is not None:
-            try:
-                async with asyncio.timeout(min(2.0, self.config.etcd_timeout_s)):
-                    await self.registration.update_record()
-            except (MCPError, TimeoutError) as exc:  # etcd away: the replies' draining flag still tells
-                log.warning("could not mark worker %s draining in etcd: %s", self.config.worker_id, exc)
-        if not await self.tensors.wait_idle(self.config.drain_timeout_s):
-            log.warning("drain: admitted work did not finish in %.1fs; answering the rest not started",
-                        self.config.drain_timeout_s)  # fmt: skip
-        await self.dispatcher.close()  # what is still queued: "not started"; running batches finish
-        await self.tensors.wait_idle(self.config.drain_timeout_s)
-        await self.tensors.wait_quiet(_DRAIN_LINGER_S, _DRAIN_LINGER_MAX_S)
-        log.info("worker %s drained (%s)", self.config.worker_id, reason)
+        """The graceful stop's first half (``mcp_worker.drain``): hand over, take nothing new, finish."""
+        if not self.draining:
+            self.draining = reason
+            await self._drain.run(reason)
 
     # -- callbacks -------------------------------------------------------------------------------------
     async def _handle(self, msg: wire.Message) -> tuple[str, dict[str, Any]]:

@@ -3,8 +3,9 @@
 Invariants:
 - Many requests are in flight at once: each admitted message becomes its own task, and replies go out in
   whatever order the work finishes, addressed by the peer identity and carrying the request id.
-- Bounded: a request holds an ``Admission`` ticket (requests and tensor bytes in flight, shared fairly
-  between models) from its arrival to its reply; past the bounds it is refused at once "exceeds maximum
+- Bounded: a request for a model held here holds an ``Admission`` ticket (requests and tensor bytes in
+  flight, shared fairly between models) from its arrival to its reply (one for any other model is answered
+  "not loaded here", not started, before admission); past the bounds it is refused at once "exceeds maximum
   queue size", not started (``FLAG_RETRYABLE``). The socket's high-water marks bound what libzmq buffers.
 - Nothing a peer sends can stop the server: a malformed message is answered with an error reply (its
   gRPC code in the header) and the loop goes on. A tensor frame over ``max_tensor_bytes`` is answered
@@ -85,6 +86,8 @@ class TensorServer:
         on_error: Callable[[str], None] | None = None,
         buffers: BatchBuffers | None = None,
         admission: Admission | None = None,
+        holds: Callable[[str], bool] = lambda model: True,
+        on_not_held: Callable[[], None] = lambda: None,
         heartbeat_s: float = 1.0,
         heartbeat_timeout_s: float = 3.0,
     ) -> None:
@@ -95,6 +98,7 @@ class TensorServer:
         self._on_error = on_error or (lambda where: None)
         self._buffers = buffers
         self.admission = admission or Admission(max_requests=1024, max_bytes=256 << 20)
+        self._holds, self._on_not_held = holds, on_not_held
         self._heartbeat = (heartbeat_s, heartbeat_timeout_s)
         self._ctx = zmq.asyncio.Context()
         self._sock: zmq.asyncio.Socket | None = None
@@ -208,6 +212,13 @@ class TensorServer:
         if self.draining:
             error = not_started(Unavailable("worker is stopping (draining); send it to another worker"))
             self._refuse(identity, header, error, wire.FLAG_DRAINING)
+            return None
+        if not self._holds(
+            header.model
+        ):  # answered before admission: names from the network count for nothing
+            self._refuse(
+                identity, header, not_started(Unavailable(f"model {header.model} is not loaded here"))
+            )
             return None
         try:
             return self.admission.admit(header.model, sum(spec.byte_size for spec in header.tensors))
