@@ -51,7 +51,8 @@ def bench_duplicates_after_kill(repo: Path, seconds: float) -> dict[str, float]:
             wait_for(lambda: mesh.consistent(wanted), 30, 0.1, "the mesh at its replica counts")
             channel = mesh.channel()
             with (
-                CheckedLoad(channel, "demo-mlp", repo, clients=4) as mlp,
+                # 32 idempotent clients: a kill finds more in flight than a retry budget's burst of 20
+                CheckedLoad(channel, "demo-mlp", repo, clients=32) as mlp,
                 CheckedLoad(channel, "demo-stateful", repo, clients=8) as stateful,
             ):
                 stateful.wait_ok(200)
