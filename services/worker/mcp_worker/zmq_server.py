@@ -58,7 +58,7 @@ def _spec(header: tensor_pb2.TensorHeader | None, index: int) -> tensor_pb2.Tens
 
 
 log = logging.getLogger(__name__)
-_YIELD_EVERY = 16  # messages received in a row before the loop runs everything else once
+_YIELD_EVERY = 4  # messages received in a row before the loop runs the rest (16 measured ~4 ms more lag)
 
 #: Gets the decoded request; returns the version that served it and the output tensors (or raises an
 #: MCPError, which goes back in the reply header).
