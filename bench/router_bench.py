@@ -42,7 +42,10 @@ def _baseline(repo: Path) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         [sys.executable, str(BENCH / "baseline_server.py"), str(repo)], stdout=subprocess.PIPE, text=True
     )
-    line = proc.stdout.readline().split()
+    line = proc.stdout.readline().split()  # "ready PORT"
+    if len(line) != 2:
+        proc.kill()
+        raise RuntimeError(f"baseline server did not start on {repo} (it printed {line!r})")
     return proc, f"127.0.0.1:{line[1]}"
 
 
@@ -105,12 +108,14 @@ def bench_e2e(repo: Path, seconds: float) -> dict[str, float]:
         etcd = EtcdServer(tmp / "etcd")
         etcd.start()
         prefix = f"/bench{uuid.uuid4().hex[:6]}/mcp"
-        procs = [WorkerProcess(tmp, etcd.endpoint, repo, prefix=prefix).start()]
-        procs.append(SchedulerProcess(tmp, etcd.endpoint, prefix=prefix).start())
-        router = RouterProcess(tmp, etcd.endpoint, prefix=prefix, scheduler="").start()
-        procs.append(router)
-        baseline, base_target = _baseline(repo)
-        try:
+        procs: list = []  # type: ignore[type-arg]
+        baseline = None
+        try:  # everything started is stopped, also when a later start fails
+            procs.append(WorkerProcess(tmp, etcd.endpoint, repo, prefix=prefix).start())
+            procs.append(SchedulerProcess(tmp, etcd.endpoint, prefix=prefix).start())
+            router = RouterProcess(tmp, etcd.endpoint, prefix=prefix, scheduler="").start()
+            procs.append(router)
+            baseline, base_target = _baseline(repo)
             control = control_pb2_grpc.ModelControlStub(procs[1].channel())
             spec = model_pb2.ModelSpec(model="demo-mlp", versions=["1"], replicas=1)
             control.LoadModel(control_pb2.LoadModelRequest(spec=spec), timeout=60)
@@ -156,7 +161,8 @@ def bench_e2e(repo: Path, seconds: float) -> dict[str, float]:
                 f"p99 {figures['flip_apply_p99_ms']} ms over {len(flips)} flips (target p99 < 50 ms)"
             )
         finally:
-            baseline.kill()
+            if baseline is not None:
+                baseline.kill()
             for proc in reversed(procs):
                 proc.stop()
             etcd.stop()
