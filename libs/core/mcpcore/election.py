@@ -24,9 +24,10 @@ Invariants:
    retried after a jittered exponential backoff that resets once a round ends normally, so no error can
    make it spin. A deposed leader pauses briefly before campaigning again, so a healthy standby, not a
    flapping leader, takes over.
-7. Fencing: ``leader_revision`` is the leader key's mod revision as won. A write that must never come
-   from a deposed leader adds ``Compare(key, leader_revision)`` to its transaction; etcd then rejects it
-   once this candidate's key is gone, whatever this process believes.
+7. Fencing: ``leader_revision`` is the leader key's mod revision as won, and ``fence()`` the token made of
+   it (``mcpcore.fencing``). A write that must never come from a deposed leader adds ``fence().compare()``
+   to its transaction; etcd then rejects it once this candidate's key is gone, whatever this process
+   believes. Control calls to workers carry ``fence().metadata()``.
 
 ``leader`` is the leader's candidate id as last seen (None when unknown or no one leads). It can equal
 ``candidate`` while ``is_leader`` is False: a previous incarnation's key, waiting for its lease to expire.
@@ -44,6 +45,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 
 from mcpcore import errors
+from mcpcore.fencing import Fence
 from mcpcore.store import Compare, EventType, KeyValue, Lease, Put, Store
 
 __all__ = ["LeaderElection"]
@@ -94,6 +96,13 @@ class LeaderElection:
     @property
     def is_leader(self) -> bool:
         return self._leading.is_set()
+
+    def fence(self) -> Fence:
+        """This leader's fencing token; ``FailedPrecondition`` once it does not lead."""
+        revision = self.leader_revision
+        if not self.is_leader or revision is None:
+            raise errors.FailedPrecondition(f"{self.candidate} does not lead {self.key!r}: not acting")
+        return Fence(self.key.rstrip("/").rpartition("/")[2], self.key, revision)
 
     # --- public control ------------------------------------------------------------------------------
 

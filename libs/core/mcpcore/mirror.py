@@ -46,6 +46,7 @@ class PrefixMirror:
         self.values: dict[str, bytes] = {}
         self.revisions: dict[str, int] = {}
         self.revision = 0
+        self.generation = 0  # full lists so far: a consumer caching what it wrote re-checks after one
         self.synced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -69,6 +70,7 @@ class PrefixMirror:
         self.values = {kv.key: kv.value for kv in snapshot.items}
         self.revisions = {kv.key: kv.mod_revision for kv in snapshot.items}
         self.revision = snapshot.revision
+        self.generation += 1
         self.synced.set()
         self._notify(touched)
 

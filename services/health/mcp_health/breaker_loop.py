@@ -6,7 +6,8 @@ Invariants:
 - Only fresh router windows count (their ``at`` within the policy's metrics window); only server-side error
   classes count (``levels.error_rate``), so clients sending bad input can never open a breaker.
 - A decision is written by compare-and-swap on the key's revision as this instance last saw it: an
-  operator's write in between wins, and the next check decides again. Only the leader writes.
+  operator's write in between wins, and the next check decides again. Only the leader writes, fenced: the
+  write also compares the health leader key (``mcpcore.fencing``), so a deposed leader's write fails.
 - Every decision is logged and reflected in ``mcp_breaker_level``.
 """
 
@@ -28,6 +29,7 @@ from mcpcore.breaker import (
     parse_policy,
 )
 from mcpcore.errors import InvalidArgument, MCPError
+from mcpcore.fencing import Fence
 from mcpcore.keys import Keyspace
 from mcpcore.mirror import PrefixMirror
 from mcpcore.store import Compare, Put, Store
@@ -45,15 +47,15 @@ class BreakerLoop:
         keys: Keyspace,
         alerter: Alerter,
         *,
-        is_leader: Callable[[], bool],
+        fence: Callable[[], Fence | None],
         on_level: Callable[[str, int], None] = lambda model, level: None,
         on_rejected: Callable[[str], None] = lambda key: None,
         on_error: Callable[[str], None] = lambda loop: None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._mirror, self._store, self._keys, self._alerter = mirror, store, keys, alerter
-        self._is_leader, self._on_level, self._on_rejected, self._on_error = (
-            is_leader,
+        self._fence, self._on_level, self._on_rejected, self._on_error = (
+            fence,
             on_level,
             on_rejected,
             on_error,
@@ -113,9 +115,10 @@ class BreakerLoop:
             current = self._current(model, key)
             self._on_level(model, current.level_at(now) if current else 0)
             decision = self.controller.decide(model, rate, requests, now, current)
-            if decision is None or not self._is_leader():
+            fence = self._fence() if decision is not None else None
+            if decision is None or fence is None:
                 continue
-            await self._write(model, key, decision.doc, decision.previous, decision.reason)
+            await self._write(model, key, decision.doc, decision.previous, decision.reason, fence=fence)
 
     def _current(self, model: str, key: str) -> BreakerDoc | None:
         written = self._written.get(model)
@@ -130,16 +133,21 @@ class BreakerLoop:
         except InvalidArgument:
             return None  # an operator's typo: the routers keep their last good level; we decide afresh
 
-    async def _write(self, model: str, key: str, doc: BreakerDoc, previous: int, reason: str) -> None:
+    async def _write(
+        self, model: str, key: str, doc: BreakerDoc, previous: int, reason: str, *, fence: Fence
+    ) -> None:
         revision = self._mirror.revisions.get(key, 0)
         try:
-            result = await self._store.txn([Compare(key, revision)], [Put(key, breaker_to_json(doc))])
+            result = await self._store.txn(
+                [Compare(key, revision), fence.compare()], [Put(key, breaker_to_json(doc))]
+            )
         except MCPError as exc:
             self._on_error("breaker_write")
             log.warning("could not write the breaker of %s: %s", model, exc.message)
             return
         if not result.succeeded:
-            log.info("breaker of %s changed meanwhile; deciding again next check", model)
+            log.info("breaker of %s changed meanwhile (or this instance no longer leads); deciding again "
+                     "next check", model)  # fmt: skip
             return
         self._written[model] = (doc, result.revision)
         log.warning("breaker of %s: level %d -> %d (%s)", model, previous, doc.level, reason)

@@ -13,7 +13,9 @@ Invariants:
 - Many workers dying at once are handled concurrently (one task each), never one after another.
 - A sick worker (backend faults in its reports, or a device error flag) gets one EmergencyStop through its
   control API; it then reports itself stopped and the scheduler moves its replicas away.
-- Only the leader acts; every instance keeps its view current so a new leader acts at once.
+- Only the leader acts, fenced (``mcpcore.fencing``): its ERROR marks carry the leader key's compare and
+  its EmergencyStop calls the token, so a deposed health leader changes nothing. Every instance keeps its
+  view current so a new leader acts at once.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import grpc
 from mcp_health.alerts import Alert, Alerter
 from mcpapi.v2 import worker_pb2, worker_pb2_grpc
 from mcpcore.errors import FailedPrecondition, MCPError
+from mcpcore.fencing import Fence
 from mcpcore.keys import Keyspace, ReplicaId
 from mcpcore.lifecycle import ReplicaLifecycle, ReplicaState
 from mcpcore.mirror import PrefixMirror
@@ -70,7 +73,7 @@ class Detector:
         report_timeout_s: float,
         sick_errors: int,
         worker_timeout_s: float,
-        is_leader: Callable[[], bool],
+        fence: Callable[[], Fence | None],
         on_heartbeat_age: Callable[[str, float], None] = lambda worker, age: None,
         on_error: Callable[[str], None] = lambda loop: None,
         clock: Callable[[], float] = time.time,
@@ -82,8 +85,8 @@ class Detector:
             sick_errors,
             worker_timeout_s,
         )
-        self._is_leader, self._on_age, self._on_error, self._clock = (
-            is_leader,
+        self._fence, self._on_age, self._on_error, self._clock = (
+            fence,
             on_heartbeat_age,
             on_error,
             clock,
@@ -182,12 +185,14 @@ class Detector:
             return
         seen.alive = False
         self.detected[worker] = self._clock()
-        if not self._is_leader():
+        fence = self._fence()
+        if fence is None:
             return
         held = [(rid, state) for rid, state in self._replicas_of(worker) if state not in ("ERROR", "IDLE")]
         reason = f"worker {worker} is dead: {why}; last active {_iso(seen.last_active or seen.last_beat)}"
-        await asyncio.gather(*(self._mark_error(rid, reason, guard) for rid, _ in held))
-        log.warning("%s; %d replica(s) marked ERROR", reason, len(held))
+        guards = [guard, fence.compare()]
+        marked = await asyncio.gather(*(self._mark_error(rid, reason, guards) for rid, _ in held))
+        log.warning("%s; %d of %d replica(s) marked ERROR", reason, sum(marked), len(held))
         await self._alerter.fire(
             Alert(
                 name="WorkerDown",
@@ -203,30 +208,35 @@ class Detector:
             )
         )
 
-    async def _mark_error(self, rid: ReplicaId, reason: str, guard: Compare) -> None:
+    async def _mark_error(self, rid: ReplicaId, reason: str, guards: list[Compare]) -> bool:
         try:
-            await self._lifecycle.transition(rid, ReplicaState.ERROR, reason=reason, guard=[guard])
+            await self._lifecycle.transition(rid, ReplicaState.ERROR, reason=reason, guard=guards)
         except FailedPrecondition:
-            pass  # already ERROR, changed by another writer, or the worker is back: the next event decides
+            return False  # already ERROR, changed meanwhile, the worker is back, or fenced: decided later
         except MCPError as exc:
             self._on_error("mark_error")
             log.warning("could not mark %s ERROR: %s", rid, exc.message)
+            return False
+        return True
 
     async def _recovered(self, worker: str) -> None:
-        if self._is_leader():
+        if self._fence() is not None:
             back = {"summary": f"worker {worker} is back"}
             alert = Alert(name="WorkerDown", severity="critical", labels={"worker": worker}, annotations=back)
             await self._alerter.resolve(alert)
 
     async def _emergency_stop(self, seen: WorkerSeen, why: str) -> None:
-        if not self._is_leader() or not seen.grpc:
+        fence = self._fence()
+        if fence is None or not seen.grpc:
             return
         log.warning("worker %s is sick (%s): emergency stop", seen.id, why)
         try:
             async with grpc.aio.insecure_channel(seen.grpc) as channel:
                 stub = worker_pb2_grpc.WorkerControlStub(channel)
                 reply = await stub.EmergencyStop(
-                    worker_pb2.EmergencyStopRequest(reason=f"health: {why}"), timeout=self._worker_timeout
+                    worker_pb2.EmergencyStopRequest(reason=f"health: {why}"),
+                    timeout=self._worker_timeout,
+                    metadata=fence.metadata(),
                 )
         except grpc.aio.AioRpcError as exc:
             seen.emergency_sent = False  # try again on the next check

@@ -23,6 +23,7 @@ from mcp_health.servicer_v2 import HealthV2
 from mcpapi.v2 import health_pb2_grpc
 from mcpcore.election import LeaderElection
 from mcpcore.etcd_store import EtcdStore
+from mcpcore.fencing import Fence
 from mcpcore.keys import Keyspace
 from mcpcore.lifecycle import ReplicaLifecycle
 from mcpcore.looplag import LoopLagMonitor
@@ -55,7 +56,6 @@ class HealthServer:
             on_change=lambda leading: self.metrics.is_leader.set(1 if leading else 0),
             on_error=self.metrics.count_loop_error,
         )  # fmt: skip
-        leading = lambda: self.election.is_leader  # noqa: E731
         self.alerter = Alerter(webhook_url=config.alert_webhook, on_error=self.metrics.count_loop_error)
         self.mirror = PrefixMirror(
             self.store,
@@ -68,12 +68,12 @@ class HealthServer:
         self.detector = Detector(
             self.mirror, self.keys, ReplicaLifecycle(self.store, self.keys), self.alerter,
             report_timeout_s=config.report_timeout_s, sick_errors=config.sick_errors,
-            worker_timeout_s=config.worker_timeout_s, is_leader=leading,
+            worker_timeout_s=config.worker_timeout_s, fence=self._fence,
             on_heartbeat_age=lambda w, age: self.metrics.heartbeat_age.labels(w).set(age),
             on_error=self.metrics.count_loop_error,
         )  # fmt: skip
         self.breakers = BreakerLoop(
-            self.mirror, self.store, self.keys, self.alerter, is_leader=leading,
+            self.mirror, self.store, self.keys, self.alerter, fence=self._fence,
             on_level=lambda m, level: self.metrics.breaker_level.labels(m).set(level),
             on_rejected=self.metrics.count_config_rejected, on_error=self.metrics.count_loop_error,
         )  # fmt: skip
@@ -81,6 +81,10 @@ class HealthServer:
         self._task: asyncio.Task[None] | None = None
         self._metrics_server: Any = None
         self.endpoints: dict[str, str] = {}
+
+    def _fence(self) -> Fence | None:
+        """This instance's fencing token while it leads, else None (nothing is done)."""
+        return self.election.fence() if self.election.is_leader else None
 
     def _changed(self, keys: set[str]) -> None:
         self.detector.on_change(keys)

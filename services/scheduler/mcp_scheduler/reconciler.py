@@ -11,8 +11,13 @@ Invariants:
 - A canary rollback (``RollbackCanary``) rewrites the traffic key by compare-and-swap on the mod revision
   the round was planned from: if an operator wrote the key meanwhile, the rollback is skipped and the
   next round decides again from what they wrote.
-- The leader publishes each model's status (``/mcp/models/<m>/status``) when it changes, so any scheduler
-  instance, ``mcpctl`` or ``etcdctl`` can read why a model is pending or failing.
+- The leader publishes each model's status (``/mcp/models/<m>/status``) when it differs from what etcd
+  holds, so any scheduler instance, ``mcpctl`` or ``etcdctl`` can read why a model is pending or failing
+  (and a status lost with etcd's data is written again).
+- Fenced (``mcpcore.fencing``): a round takes the leader's token once; every etcd write of the round and
+  its actions carries the token's compare, and every worker call carries the token, so a leader deposed
+  mid-round (frozen past its lease, say) changes nothing once another leads. A fenced write is counted
+  (``on_fenced``) and dropped.
 """
 
 from __future__ import annotations
@@ -45,9 +50,10 @@ from mcp_scheduler.state import ClusterState
 from mcp_scheduler.view import ClusterView
 from mcp_scheduler.worker_client import WorkerClients
 from mcpcore.errors import FailedPrecondition, MCPError, NotFound
+from mcpcore.fencing import Fence
 from mcpcore.keys import Keyspace, ReplicaId
 from mcpcore.lifecycle import ReplicaLifecycle, ReplicaState
-from mcpcore.store import Compare, Store
+from mcpcore.store import Compare, Delete, Put, Store
 
 __all__ = ["Reconciler"]
 
@@ -64,7 +70,9 @@ class Reconciler:
         config: SchedulerConfig,
         *,
         is_leader: Callable[[], bool],
+        fence: Callable[[], Fence],
         on_error: Callable[[str], None] = lambda loop: None,
+        on_fenced: Callable[[str], None] = lambda what: None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._state = state
@@ -74,13 +82,16 @@ class Reconciler:
         self._clients = clients
         self._config = config
         self._is_leader = is_leader
+        self._fence = fence
         self._on_error = on_error
+        self._on_fenced = on_fenced
         self._clock = clock
         self._hot = HotCopies(config.hot_quiet_period_s)
         self._running: dict[tuple[str, ...], asyncio.Task[None]] = {}
         self._backoff: dict[tuple[str, str, str], tuple[float, float]] = {}  # key -> (until, delay)
         self._errors: dict[str, tuple[str, str, float]] = {}  # model -> (code, message, at)
-        self._published: dict[str, bytes] = {}
+        self._published: dict[str, tuple[bytes | None, int]] = {}  # model -> (doc written, revision)
+        self._published_generation = 0
         self._slots = asyncio.Semaphore(config.max_parallel_actions)
         self._task: asyncio.Task[None] | None = None
         self.rounds = 0
@@ -115,6 +126,7 @@ class Reconciler:
 
     async def reconcile_once(self, view: ClusterView | None = None) -> Plan:
         """Plan from the current state and start every action not already running."""
+        fence = self._fence()  # raises once this scheduler does not lead: nothing of the round is done
         view = view or self._state.view()
         # read with the view, before any await: status says which spec revision it was planned from
         spec_revisions = {m: self._state.mod_revision(self._keys.model_spec(m)) for m in view.specs}
@@ -130,27 +142,29 @@ class Reconciler:
             if key not in self._running:
                 # a rollback is guarded by the traffic revision it was planned from
                 revision = traffic_revisions.get(action.model, 0) if isinstance(action, RollbackCanary) else 0
-                self._running[key] = asyncio.create_task(self._run(key, action, view, revision))
-        await self._publish_status(result.status, view, spec_revisions)
+                self._running[key] = asyncio.create_task(self._run(key, action, view, revision, fence))
+        await self._publish_status(result.status, view, spec_revisions, fence)
         return result
 
     # -- actions ---------------------------------------------------------------------------------------
-    async def _run(self, key: tuple[str, ...], action: Action, view: ClusterView, revision: int) -> None:
+    async def _run(
+        self, key: tuple[str, ...], action: Action, view: ClusterView, revision: int, fence: Fence
+    ) -> None:
         try:
-            await self._run_guarded(action, view, revision)
+            await self._run_guarded(action, view, revision, fence)
         finally:
             # no longer in flight *before* the next round is woken, or that round would skip this
             # replica and nothing would wake another until the periodic tick
             self._running.pop(key, None)
             self._state.changed.set()
 
-    async def _run_guarded(self, action: Action, view: ClusterView, revision: int) -> None:
+    async def _run_guarded(self, action: Action, view: ClusterView, revision: int, fence: Fence) -> None:
         async with self._slots:
             try:
                 if isinstance(action, RollbackCanary):
-                    await self._rollback(action, revision)
+                    await self._rollback(action, revision, fence)
                 else:
-                    await self._execute(action, view)
+                    await self._execute(action, view, fence)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -161,18 +175,27 @@ class Reconciler:
                 if isinstance(action, LoadReplica):
                     self._errors.pop(action.model, None)
 
-    async def _execute(self, action: Action, view: ClusterView) -> None:
+    async def _write(self, fence: Fence, op: Put | Delete, what: str) -> int:
+        """One etcd write as the leader: the revision written, or 0 (counted) once another leads."""
+        result = await self._store.txn([fence.compare()], [op])
+        if not result.succeeded:
+            self._on_fenced(what)
+            log.warning("%s not written: fenced, scheduler leader revision %d no longer leads",
+                        what, fence.revision)  # fmt: skip
+            return 0
+        return result.revision
+
+    async def _execute(self, action: Action, view: ClusterView, fence: Fence) -> None:
         if isinstance(action, PublishRouting):
             key = self._keys.model_routing(action.model)
-            if action.routing is None:
-                await self._store.delete(key)
-            else:
-                await self._store.put(key, docs.routing_to_json(action.routing))
-            log.info("routing of %s now %s", action.model, action.routing)
+            raw = None if action.routing is None else docs.routing_to_json(action.routing)
+            if await self._write(fence, Delete(key) if raw is None else Put(key, raw), "routing"):
+                log.info("routing of %s now %s", action.model, action.routing)
             return
         if isinstance(action, ForgetReplica):
-            await self._forget(action, view)
+            await self._forget(action, view, fence)
             return
+        calls = fence.metadata()
         worker = view.workers.get(action.worker)
         if worker is None:
             raise NotFound(f"worker {action.worker} is gone")
@@ -188,27 +211,29 @@ class Reconciler:
                 max_queue_delay_us=spec.max_queue_delay_us,
                 priority=spec.priority,
                 latency_sensitivity=spec.latency_sensitivity,
+                metadata=calls,
             )
         elif isinstance(action, StartReplica):
-            await self._clients.resume(worker.grpc, action.model, action.version)
+            await self._clients.resume(worker.grpc, action.model, action.version, metadata=calls)
         elif isinstance(action, PauseReplica):
-            await self._clients.pause(worker.grpc, action.model, action.version)
+            await self._clients.pause(worker.grpc, action.model, action.version, metadata=calls)
         elif isinstance(action, UnloadReplica):
             log.info("unloading %s/%s on %s (%s)", action.model, action.version, action.worker, action.reason)
             with contextlib.suppress(NotFound):  # not held there: the stale record is forgotten next round
-                await self._clients.unload(worker.grpc, action.model, action.version)
+                await self._clients.unload(worker.grpc, action.model, action.version, metadata=calls)
 
-    async def _rollback(self, action: RollbackCanary, revision: int) -> None:
+    async def _rollback(self, action: RollbackCanary, revision: int, fence: Fence) -> None:
         key = self._keys.model_traffic(action.model)
-        result = await self._store.compare_and_put(
-            key, docs.traffic_to_json(action.traffic), mod_revision=revision
+        result = await self._store.txn(
+            [Compare(key, revision), fence.compare()], [Put(key, docs.traffic_to_json(action.traffic))]
         )
         if not result.succeeded:
-            log.info("canary rollback of %s skipped: its traffic changed meanwhile", action.model)
+            log.info("canary rollback of %s skipped: its traffic changed meanwhile, or this scheduler "
+                     "no longer leads", action.model)  # fmt: skip
             return
         log.warning("rolled back the canary of %s: %s", action.model, action.reason)
 
-    async def _forget(self, action: ForgetReplica, view: ClusterView) -> None:
+    async def _forget(self, action: ForgetReplica, view: ClusterView, fence: Fence) -> None:
         rid = ReplicaId(*action.key)
         revision = action.revision
         record = await self._lifecycle.get(rid)
@@ -216,7 +241,9 @@ class Reconciler:
             return  # changed meanwhile: the next round decides again
         # A replica forgotten because its worker is gone goes only while the worker is still gone: one
         # that registered again meanwhile (etcd was away) keeps what it holds.
-        guard = [Compare(self._keys.worker(rid.worker), 0)] if rid.worker not in view.workers else []
+        guard = [fence.compare()]
+        if rid.worker not in view.workers:
+            guard.append(Compare(self._keys.worker(rid.worker), 0))
         try:
             if record.state not in (ReplicaState.ERROR, ReplicaState.IDLE):
                 revision = (
@@ -227,7 +254,7 @@ class Reconciler:
             log.info("forgetting replica %s: %s", rid, action.reason)
             await self._lifecycle.remove(rid, expected_revision=revision, guard=guard)
         except FailedPrecondition:
-            pass  # changed meanwhile, or the worker is back: the next round decides again
+            pass  # changed meanwhile, the worker is back, or fenced: the next round decides again
 
     def _failed(self, action: Action, exc: BaseException) -> None:
         self._on_error("action")
@@ -249,10 +276,16 @@ class Reconciler:
 
     # -- status ----------------------------------------------------------------------------------------
     async def _publish_status(
-        self, status: Mapping[str, ModelStatus], view: ClusterView, spec_revisions: Mapping[str, int]
+        self,
+        status: Mapping[str, ModelStatus],
+        view: ClusterView,
+        spec_revisions: Mapping[str, int],
+        fence: Fence,
     ) -> None:
         docs_now = {}
-        for model in sorted(set(status) | set(self._published)):
+        if self._published_generation != self._state.generation:  # etcd listed afresh: trust only it
+            self._published, self._published_generation = {}, self._state.generation
+        for model in sorted(set(status) | self._state.status_models()):
             doc = self._status_doc(model, status.get(model), view)
             if doc is not None:
                 doc["spec_revision"] = spec_revisions.get(model, 0)
@@ -260,16 +293,17 @@ class Reconciler:
                 None if doc is None else json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
             )
         for model, raw in docs_now.items():
-            if raw == self._published.get(model):
-                continue
             key = self._keys.model_status(model)
+            if raw == self._state.raw(key):
+                continue
+            written = self._published.get(model)
+            if written is not None and written[0] == raw and self._state.revision < written[1]:
+                continue  # written already; the mirror has not caught up with it yet
             try:
-                if raw is None:
-                    await self._store.delete(key)
-                    self._published.pop(model, None)
-                else:
-                    await self._store.put(key, raw)
-                    self._published[model] = raw
+                revision = await self._write(fence, Delete(key) if raw is None else Put(key, raw), "status")
+                if not revision:
+                    return  # fenced: the rest would be too
+                self._published[model] = (raw, revision)
             except MCPError as exc:
                 self._on_error("status")
                 log.warning("could not publish the status of %s: %s", model, exc.message)

@@ -41,6 +41,11 @@ class SchedulerMetrics(CommonMetrics):
         self.actions = self.counter(
             "mcp_scheduler_rounds_total", "Reconcile rounds planned by this scheduler while leading."
         )
+        self.fenced = self.counter(
+            "mcp_scheduler_fenced_writes_total",
+            "Leader writes etcd rejected because another scheduler leads now (this one was deposed).",
+            ("what",),
+        )
 
 
 class Scheduler:
@@ -73,7 +78,9 @@ class Scheduler:
             self.clients,
             config,
             is_leader=lambda: self.election.is_leader,
+            fence=self.election.fence,
             on_error=self.metrics.count_loop_error,
+            on_fenced=lambda what: self.metrics.fenced.labels(what).inc(),
         )
         self.service = ControlService(self.state, self.store, self.keys)
         self.grpc = GrpcService(SERVICES)

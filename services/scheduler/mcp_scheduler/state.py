@@ -119,6 +119,11 @@ class ClusterState:
         return self.mirror.revision
 
     @property
+    def generation(self) -> int:
+        """How many times the mirror listed etcd afresh (a reload after compaction or data loss)."""
+        return self.mirror.generation
+
+    @property
     def _raw(self) -> dict[str, bytes]:
         return self.mirror.values
 
@@ -176,6 +181,15 @@ class ClusterState:
 
     def spec(self, model: str) -> ModelSpecDoc | None:
         return self._good.get(self._keys.model_spec(model))
+
+    def status_models(self) -> set[str]:
+        """Models with a published status key."""
+        out = set()
+        for key in self._raw:
+            parsed = self._keys.parse_model_key(key)
+            if parsed is not None and parsed[1] == "status":
+                out.add(parsed[0])
+        return out
 
     def status_doc(self, model: str) -> dict[str, Any] | None:
         raw = self._raw.get(self._keys.model_status(model))

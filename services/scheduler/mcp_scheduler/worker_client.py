@@ -12,6 +12,8 @@ Invariants:
 - No grpc exception leaves this module: a failed call raises the ``MCPError`` of its status
   (``errors.from_rpc_error``), its message prefixed with the worker's address and the method, so a
   person knows which worker said it.
+- A call made as a leader carries its fencing token in ``metadata``; a worker that knows of a newer leader
+  refuses it ``FAILED_PRECONDITION``, which is not retried.
 - A Load request carries a ``ModelSpec`` only with what the caller gave: a part left out (placement,
   batching, priority, QoS) is left unset, so the worker keeps what the model's model.yaml says.
 """
@@ -30,7 +32,10 @@ import grpc.aio
 from mcpapi.v2 import model_pb2, worker_pb2, worker_pb2_grpc
 from mcpcore import errors
 
-__all__ = ["WorkerClients", "load_request"]
+__all__ = ["Metadata", "WorkerClients", "load_request"]
+
+#: gRPC metadata sent with a call: a leader's fencing token (``mcpcore.fencing.Fence.metadata``)
+Metadata = tuple[tuple[str, str], ...]
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +106,7 @@ class WorkerClients:
         priority: int | None = None,
         latency_sensitivity: float | None = None,
         timeout_s: float | None = None,
+        metadata: Metadata = (),
     ) -> worker_pb2.LoadResponse:
         """Load and warm up; returns once the replica is READY on the worker."""
         request = load_request(
@@ -112,37 +118,57 @@ class WorkerClients:
             priority=priority,
             latency_sensitivity=latency_sensitivity,
         )
-        return await self._call(grpc_addr, "Load", lambda s: s.Load, request, timeout_s)
+        return await self._call(grpc_addr, "Load", lambda s: s.Load, request, timeout_s, metadata)
 
     async def unload(
-        self, grpc_addr: str, model: str, version: str, *, timeout_s: float | None = None
+        self,
+        grpc_addr: str,
+        model: str,
+        version: str,
+        *,
+        timeout_s: float | None = None,
+        metadata: Metadata = (),
     ) -> worker_pb2.UnloadResponse:
         request = worker_pb2.UnloadRequest(model=model, version=version)
-        return await self._call(grpc_addr, "Unload", lambda s: s.Unload, request, timeout_s)
+        return await self._call(grpc_addr, "Unload", lambda s: s.Unload, request, timeout_s, metadata)
 
     async def pause(
-        self, grpc_addr: str, model: str, version: str, *, timeout_s: float | None = None
+        self,
+        grpc_addr: str,
+        model: str,
+        version: str,
+        *,
+        timeout_s: float | None = None,
+        metadata: Metadata = (),
     ) -> worker_pb2.PauseResponse:
         request = worker_pb2.PauseRequest(model=model, version=version)
-        return await self._call(grpc_addr, "Pause", lambda s: s.Pause, request, timeout_s)
+        return await self._call(grpc_addr, "Pause", lambda s: s.Pause, request, timeout_s, metadata)
 
     async def resume(
-        self, grpc_addr: str, model: str, version: str, *, timeout_s: float | None = None
+        self,
+        grpc_addr: str,
+        model: str,
+        version: str,
+        *,
+        timeout_s: float | None = None,
+        metadata: Metadata = (),
     ) -> worker_pb2.ResumeResponse:
         request = worker_pb2.ResumeRequest(model=model, version=version)
-        return await self._call(grpc_addr, "Resume", lambda s: s.Resume, request, timeout_s)
+        return await self._call(grpc_addr, "Resume", lambda s: s.Resume, request, timeout_s, metadata)
 
     async def stats(
         self, grpc_addr: str, model: str = "", *, timeout_s: float | None = None
     ) -> worker_pb2.StatsResponse:
         request = worker_pb2.StatsRequest(model=model)
-        return await self._call(grpc_addr, "Stats", lambda s: s.Stats, request, timeout_s)
+        return await self._call(grpc_addr, "Stats", lambda s: s.Stats, request, timeout_s, ())
 
     async def emergency_stop(
-        self, grpc_addr: str, reason: str, *, timeout_s: float | None = None
+        self, grpc_addr: str, reason: str, *, timeout_s: float | None = None, metadata: Metadata = ()
     ) -> worker_pb2.EmergencyStopResponse:
         request = worker_pb2.EmergencyStopRequest(reason=reason)
-        return await self._call(grpc_addr, "EmergencyStop", lambda s: s.EmergencyStop, request, timeout_s)
+        return await self._call(
+            grpc_addr, "EmergencyStop", lambda s: s.EmergencyStop, request, timeout_s, metadata
+        )
 
     # --- channels ------------------------------------------------------------------------------------
 
@@ -167,19 +193,21 @@ class WorkerClients:
 
     # --- retries and errors --------------------------------------------------------------------------
 
-    async def _call(
+    async def _call(  # noqa: PLR0917  (each call names its method, stub, request, deadline, metadata)
         self,
         grpc_addr: str,
         method: str,
         pick: Callable[[worker_pb2_grpc.WorkerControlStub], Any],
         request: Any,
         timeout_s: float | None,
+        metadata: Metadata,
     ) -> Any:
         deadline_s = self._timeout_s if timeout_s is None else timeout_s
         attempt = 0
         while True:
             try:
-                return await pick(self._stub(grpc_addr))(request, timeout=deadline_s)
+                stub = pick(self._stub(grpc_addr))
+                return await stub(request, timeout=deadline_s, metadata=metadata or None)
             except grpc.aio.AioRpcError as exc:
                 code = exc.code()
                 if code not in _RETRY_CODES or attempt >= self._retries:

@@ -49,6 +49,7 @@ from mcpcore import wire
 from mcpcore.crypto import Keyring
 from mcpcore.errors import MCPError, error_class
 from mcpcore.etcd_store import EtcdStore
+from mcpcore.fencing import FenceCheck
 from mcpcore.keys import Keyspace, ReplicaId
 from mcpcore.lifecycle import ReplicaLifecycle, ReplicaState
 from mcpcore.looplag import LoopLagMonitor
@@ -85,6 +86,11 @@ class WorkerMetrics(RequestMetrics):
             "mcp_worker_deadline_dropped_total",
             "Requests dropped before they ran: their deadline or the model's queue timeout passed.",
             ("model", "version"),
+        )
+        self.fenced_calls = self.counter(
+            "mcp_worker_fenced_calls_total",
+            "Control calls refused because they came from a deposed leader.",
+            ("role",),
         )
         self.admission_refused = self.counter(
             "mcp_worker_admission_refused_total",
@@ -162,6 +168,12 @@ class Worker:
             on_rejected=self.metrics.count_config_rejected,
             on_error=self.metrics.count_loop_error,
         )
+        self.fence = FenceCheck(
+            self.store,
+            self.keys,
+            timeout_s=min(1.0, config.etcd_timeout_s),
+            on_refused=lambda role: self.metrics.fenced_calls.labels(role).inc(),
+        )
         self.registration: Registration | None = None
         self.endpoints: dict[str, str] = {}
         self._metrics_server: Any = None
@@ -199,7 +211,7 @@ class Worker:
         )
         zmq_endpoint = await self.tensors.start()
         worker_pb2_grpc.add_WorkerControlServicer_to_server(
-            WorkerControlServicer(self.manager), self.grpc.server
+            WorkerControlServicer(self.manager, self.fence), self.grpc.server
         )
         port = await self.grpc.start(cfg.grpc_host, cfg.grpc_port)
         host = cfg.advertise_host

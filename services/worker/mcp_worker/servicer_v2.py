@@ -1,7 +1,9 @@
 """``mcpapi.v2.WorkerControl``: a thin adapter from protobuf to ``ModelManager`` and back.
 
 Validation of names and versions happens in the manager (``keys.check_*``); errors are ``MCPError``s that
-the shared interceptor turns into statuses. No logic lives here.
+the shared interceptor turns into statuses. Every call that changes state first passes the fence
+(``mcpcore.fencing.FenceCheck``): a call from a deposed scheduler or health leader is refused before it
+touches anything. No other logic lives here.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from mcp_worker.models import LoadOverrides, ModelManager, Replica
 from mcpapi.v2 import model_pb2, worker_pb2, worker_pb2_grpc
 from mcpcore import dtypes
 from mcpcore.errors import InvalidArgument
+from mcpcore.fencing import FenceCheck
 
 __all__ = ["WorkerControlServicer"]
 
@@ -55,10 +58,12 @@ def _tensors(specs) -> list[model_pb2.TensorMetadata]:  # type: ignore[no-untype
 
 
 class WorkerControlServicer(worker_pb2_grpc.WorkerControlServicer):
-    def __init__(self, manager: ModelManager) -> None:
+    def __init__(self, manager: ModelManager, fence: FenceCheck) -> None:
         self._m = manager
+        self._fence = fence
 
     async def Load(self, request, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
+        await self._fence.check(context.invocation_metadata(), f"Load {request.model}/{request.version}")
         if request.model_path:
             raise InvalidArgument(
                 "model_path is not accepted by this worker: models load from its repository only "
@@ -73,22 +78,26 @@ class WorkerControlServicer(worker_pb2_grpc.WorkerControlServicer):
         )
 
     async def Unload(self, request, context):  # type: ignore[no-untyped-def]
+        await self._fence.check(context.invocation_metadata(), f"Unload {request.model}/{request.version}")
         return worker_pb2.UnloadResponse(
             replica=replica_status(await self._m.unload(request.model, request.version))
         )
 
     async def Pause(self, request, context):  # type: ignore[no-untyped-def]
+        await self._fence.check(context.invocation_metadata(), f"Pause {request.model}/{request.version}")
         replica = await self._m.pause(request.model, request.version)
         return worker_pb2.PauseResponse(
             replica=replica_status(replica), queued=replica.queue.stats().queue_depth
         )
 
     async def Resume(self, request, context):  # type: ignore[no-untyped-def]
+        await self._fence.check(context.invocation_metadata(), f"Resume {request.model}/{request.version}")
         return worker_pb2.ResumeResponse(
             replica=replica_status(await self._m.resume(request.model, request.version))
         )
 
     async def EmergencyStop(self, request, context):  # type: ignore[no-untyped-def]
+        await self._fence.check(context.invocation_metadata(), "EmergencyStop")
         held = [replica_status(r) for r in self._m.replicas()]
         checkpoint = await self._m.emergency_stop(request.reason)
         for status in held:
