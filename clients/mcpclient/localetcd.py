@@ -66,9 +66,12 @@ class EtcdServer:
         client_port: int | None = None,
         peer_port: int | None = None,
         detached: bool = False,
+        auto_compaction: str = "10m",
     ) -> None:
         """``detached``: the server outlives this process (its own session, no kill at exit), as ``make up``
-        wants; otherwise it is killed at interpreter exit if its owner did not stop it."""
+        wants; otherwise it is killed at interpreter exit if its owner did not stop it.
+        ``auto_compaction``: history kept (etcd's periodic auto-compaction; "0" keeps all): without it, one
+        write per worker per second fills etcd's quota and etcd turns read-only."""
         binary = shutil.which("etcd")
         if binary is None:
             raise EtcdStartError("etcd is not installed: run `make setup` (it installs Debian's etcd)")
@@ -80,6 +83,7 @@ class EtcdServer:
         ports = free_ports(2) if client_port is None or peer_port is None else [client_port, peer_port]
         self.client_port, self.peer_port = ports
         self.detached = detached
+        self.auto_compaction = auto_compaction
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -98,6 +102,8 @@ class EtcdServer:
             f"--initial-advertise-peer-urls={peer}",
             f"--initial-cluster={self.name}={peer}",
             "--initial-cluster-state=new",
+            "--auto-compaction-mode=periodic",
+            f"--auto-compaction-retention={self.auto_compaction}",
             "--heartbeat-interval=10",
             "--election-timeout=100",
             "--logger=zap",
@@ -171,6 +177,37 @@ class EtcdServer:
         """Stop, then start again on the same ports and data dir, and wait until healthy."""
         self.stop()
         self.start()
+
+    def save_snapshot(self, path: Path) -> None:
+        """``etcdctl snapshot save``: a consistent copy of the running server's data (a backup)."""
+        self._etcdctl("snapshot", "save", str(path), f"--endpoints={self.endpoint}")
+
+    def restore_snapshot(self, path: Path) -> None:
+        """Stop, replace the data with ``path`` (``etcdctl snapshot restore``), start on the same ports.
+
+        What an operator does to recover a lost or corrupted etcd from a backup: the store then holds the
+        backup's keys at the backup's (lower) revision."""
+        self.stop()
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        restored = self.base_dir / "restored"
+        shutil.rmtree(restored, ignore_errors=True)
+        self._etcdctl(
+            "snapshot", "restore", str(path), f"--name={self.name}", f"--data-dir={restored}",
+            f"--initial-cluster={self.name}={peer}", f"--initial-advertise-peer-urls={peer}",
+        )  # fmt: skip
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        restored.rename(self.data_dir)
+        self.start()
+
+    def _etcdctl(self, *args: str) -> None:
+        binary = shutil.which("etcdctl")
+        if binary is None:
+            raise EtcdStartError("etcdctl is not installed: run `make setup` (Debian's etcd-client)")
+        done = subprocess.run(
+            [binary, *args], capture_output=True, text=True, env={"ETCDCTL_API": "3"}, timeout=60, check=False
+        )
+        if done.returncode != 0:
+            raise EtcdStartError(f"etcdctl {' '.join(args[:2])} failed: {done.stderr.strip()[-2000:]}")
 
 
 @atexit.register

@@ -33,6 +33,8 @@ def test_compose_file_is_valid_and_complete():
         assert env["MCP_WORKER_ADVERTISE_HOST"] == name and env["MCP_WORKER_ETCD_ENDPOINTS"] == "etcd:2379"
         assert services[name]["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
     assert services["router"]["environment"]["MCP_ROUTER_SCHEDULER"] == "scheduler:50051"
+    etcd = services["etcd"]["command"]  # history is compacted, or one write per second fills the quota
+    assert "--auto-compaction-mode=periodic" in etcd and "--auto-compaction-retention=10m" in etcd
 
 
 def test_workers_publish_the_host_others_dial():

@@ -5,7 +5,8 @@ routers; clients connect to both routers), carrying an idempotent model (``demo-
 not (``demo-stateful``), two replicas each, under checked load while each fault strikes:
 
 - kill -9, SIGSTOP past its lease, SIGTERM of a worker; SIGTERM of a router; etcd frozen for 10 s;
-  etcd killed and restarted after 10 s; a worker restarted under its own id.
+  etcd killed and restarted after 10 s; etcd restored from an older snapshot; a worker restarted under
+  its own id.
 
 After each: idempotent requests 0 failed; ``demo-stateful`` 0 run twice (counted over every worker's
 execution journal, the killed ones' too), and its only failures are UNAVAILABLE "may have started" for
@@ -160,6 +161,31 @@ def test_etcd_killed_and_restarted_after_10s_is_invisible(mesh, repo):
 
     _, stateful = under_load(mesh, repo, fault)
     assert stateful.failures == []
+
+
+def test_etcd_restored_from_an_older_snapshot_under_load(mesh, repo, tmp_path):
+    """The operator's backup restore: etcd goes back in revisions, to keys as they were at the backup.
+    Every mirror lists again, every worker writes what it really holds, and what the backup does not
+    know (a model loaded after it) is unloaded: its spec is gone."""
+    backup = tmp_path / "backup.db"
+    mesh.etcd.save_snapshot(backup)
+    mesh.load("demo-onnx", 1)  # after the backup: lost with the restore
+    relists = _relists(mesh)
+
+    _, stateful = under_load(mesh, repo, lambda: mesh.etcd.restore_snapshot(backup))
+    assert stateful.failures == []
+    assert _relists(mesh) > relists  # the scheduler's mirror listed again (counted)
+    wait_for(
+        lambda: not any(("demo-onnx", "1") in mesh.held(w) for w in mesh.live_workers()),
+        30, 0.1, "the model the backup does not know unloaded",
+    )  # fmt: skip
+    mesh.load("demo-onnx", 1)  # writes after the restore take effect: no mirror waits for old revisions
+    assert any(("demo-onnx", "1") in mesh.held(w) for w in mesh.live_workers())
+    mesh.control.UnloadModel(control_pb2.UnloadModelRequest(model="demo-onnx"), timeout=60)
+
+
+def _relists(mesh: Mesh) -> float:
+    return metric(mesh.scheduler.metrics_text(), "mcp_loop_errors_total", loop="scheduler-state_relist")
 
 
 def test_a_worker_restarted_under_its_id_routes_only_what_it_holds(mesh, repo):

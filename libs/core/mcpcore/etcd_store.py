@@ -16,7 +16,9 @@ Invariants:
 - ``watch_prefix`` tracks the last revision it *yielded* and resumes from the one after it, on its own
   stream (not etcd3aio's ``watch``, which resumes from the last response header: a created or progress
   response, or a catch-up batch cut at 1000 revisions, would make it skip events). etcd never splits one
-  revision across responses, so resuming at last + 1 loses and repeats nothing.
+  revision across responses, so resuming at last + 1 loses and repeats nothing. A (re)opened watch whose
+  store is behind the last revision yielded raises ``StoreRewound`` (etcd would otherwise wait, silently,
+  for a revision that a restored or emptied etcd reaches only much later, with other data).
 - A ``keep_alive`` refresher sets ``lost`` once etcd says the lease is gone, or once it could not reach
   etcd for a whole TTL; until then it retries, logging, and never dies silently.
 """
@@ -62,6 +64,7 @@ from mcpcore.store import (
     Put,
     Range,
     Store,
+    StoreRewound,
     TxnResult,
     WatchCompacted,
     WatchEvent,
@@ -320,6 +323,8 @@ class EtcdStore(Store):
                 if next_rev == 0:
                     next_rev = await self.ping() + 1  # pin "now", so a reconnect cannot skip ahead
                 call, resp = await self._open_watch(prefix, next_rev)
+                if resp.header.revision < next_rev - 1:  # behind what was yielded: restored, or emptied
+                    raise StoreRewound(resp.header.revision, next_rev - 1)
                 if failing:
                     log.info("watch on %r resumed at revision %d", prefix, next_rev)
                 backoff, failing = _RETRY_MIN_S, False

@@ -3,7 +3,9 @@
 Invariants:
 - ``values`` holds every key under the prefix as of ``revision``; events are applied in revision order,
   each exactly once (the store's watch resumes from the last revision across reconnects).
-- When the history a watch needs was compacted, the mirror lists again and reports a full reload.
+- When the history a watch needs was compacted, or etcd went back in revisions (restored from a
+  snapshot, or its data lost: ``StoreRewound``), the mirror lists again and reports a full reload; every
+  such re-list is counted (``on_error("<name>_relist")``), and a list that fails backs off like a watch.
 - The loop never dies: errors are logged, counted (``on_error``) and retried with backoff, and the mirror
   keeps its last state meanwhile (services keep working from it while etcd is away).
 - ``on_change(keys)`` runs after each applied batch with the keys it touched (or every key after a
@@ -82,11 +84,12 @@ class PrefixMirror:
             log.exception("%s: applying %d changed key(s) failed; the mirror goes on", self._name, len(keys))
 
     async def _watch(self) -> None:
-        backoff = 0.1
+        backoff, relist = 0.1, not self.synced.is_set()
         while True:
             try:
-                if not self.synced.is_set():
+                if relist:
                     await self._list()
+                    relist = False
                 stream = self._store.watch_prefix(self.prefix, start_revision=self.revision + 1)
                 async with contextlib.aclosing(stream) as batches:
                     async for batch in batches:
@@ -106,15 +109,16 @@ class PrefixMirror:
                         backoff = 0.1
             except asyncio.CancelledError:
                 raise
-            except WatchCompacted:
-                log.warning("%s: watch history compacted; listing again", self._name)
-                with contextlib.suppress(Exception):
-                    await self._list()
-            except Exception as exc:
+            except WatchCompacted as exc:  # compacted history, or etcd went back (StoreRewound)
+                self._on_error(f"{self._name}_relist")
+                log.warning("%s: %s; listing again", self._name, exc)
+                relist = True
+            except Exception as exc:  # a failed watch, or a failed list: both back off and are counted
                 self._on_error(f"{self._name}_watch")
                 log.warning(
-                    "%s: watch failed (%s); working from the last state, resuming in %.1fs",
+                    "%s: %s failed (%s); working from the last state, retrying in %.1fs",
                     self._name,
+                    "listing" if relist else "watch",
                     exc,
                     backoff,
                 )

@@ -11,7 +11,9 @@ Invariants every implementation keeps:
 - Every call has a deadline; an unreachable store raises ``errors.Unavailable`` naming the endpoints.
 - ``watch_prefix`` yields every event after ``start_revision`` exactly once, in revision order, also across
   reconnects (it resumes from the last revision it yielded); when the history it needs was compacted it
-  raises ``WatchCompacted`` so the caller re-lists.
+  raises ``WatchCompacted`` so the caller re-lists, and when the store's revision went back below what
+  was yielded (restored from a snapshot, or its data lost) it raises ``StoreRewound`` (a
+  ``WatchCompacted``: the caller re-lists the same way).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ __all__ = [
     "Put",
     "Range",
     "Store",
+    "StoreRewound",
     "TxnResult",
     "WatchCompacted",
     "WatchEvent",
@@ -110,6 +113,20 @@ class WatchCompacted(Exception):
     def __init__(self, compact_revision: int) -> None:
         super().__init__(f"watch history compacted up to revision {compact_revision}; re-list and re-watch")
         self.compact_revision = compact_revision
+
+
+class StoreRewound(WatchCompacted):
+    """The store's revision is behind what a watch already yielded: its data was restored from an older
+    snapshot or lost. Nothing after the restored revision can be trusted: re-list and watch again."""
+
+    def __init__(self, revision: int, expected: int) -> None:
+        Exception.__init__(
+            self,
+            f"the store went back to revision {revision} after revision {expected} was seen (restored "
+            "from a snapshot, or its data lost); re-list and re-watch",
+        )
+        self.compact_revision = revision
+        self.revision, self.expected = revision, expected
 
 
 @dataclass

@@ -13,7 +13,10 @@ Invariants:
   (DESIGN.md section 8: a heartbeat must not be starved by one long inference): when measured inference
   gets slower, the interval is raised, with a warning.
 - Losing etcd never stops serving. When the lease is lost (expired while etcd was away, or revoked), the
-  loop registers again as soon as etcd answers, with the replicas it really holds.
+  loop registers again as soon as etcd answers, with the replicas it really holds. So it does when etcd
+  went back in revisions (a heartbeat's write lands at a revision below one seen before: etcd was
+  restored from a snapshot, which may hold an older record and older replica states under a lease that
+  is still alive).
 - The loop never dies: each failure is logged, counted, and retried after a backoff.
 """
 
@@ -75,6 +78,8 @@ class Registration:
         self._clock = clock
         self._keeper: KeepAlive | None = None
         self._record_revision = 0
+        self._seen_revision = 0  # the highest store revision a write of ours landed at
+        self._rewound = False
         self._task: asyncio.Task[None] | None = None
         self.registrations = 0  # how many times the worker (re-)registered
         self.registered = asyncio.Event()
@@ -118,7 +123,8 @@ class Registration:
             )
             if not result.succeeded:
                 continue  # someone wrote the record or a replica meanwhile: read again
-            self._record_revision = result.revision
+            self._record_revision = self._seen_revision = result.revision
+            self._rewound = False
             self._resynced(first, result.revision)
             await self._commit_rest(rest)
             return current.lease if current is not None else 0
@@ -161,6 +167,7 @@ class Registration:
         )
         if result.succeeded:
             self._record_revision = result.revision
+            self._seen_revision = max(self._seen_revision, result.revision)
         return result.succeeded
 
     def start(self) -> None:
@@ -180,12 +187,16 @@ class Registration:
         backoff = 0.1
         while True:
             try:
-                if self._keeper is None or self._keeper.lost.is_set():
-                    if self._keeper is not None:
+                if self._keeper is None or self._keeper.lost.is_set() or self._rewound:
+                    if self._rewound:
+                        log.warning("worker %s: etcd went back in revisions; registering again", self._id)
+                    elif self._keeper is not None:
                         log.warning("worker %s lost its lease; registering again", self._id)
                     await self.register()
                 await self._publish(self._keeper.lease.id)  # type: ignore[union-attr]
                 backoff = 0.1
+                if self._rewound:
+                    continue  # register again now, not after a heartbeat interval
                 await self._sleep_or_lost(self.interval_s * random.uniform(0.9, 1.0))
             except asyncio.CancelledError:
                 raise
@@ -203,7 +214,12 @@ class Registration:
                 await self._keeper.lost.wait()
 
     async def _publish(self, lease_id: int) -> None:
-        await self._store.put(self._keys.worker_load(self._id), _json(self._stamped()), lease=lease_id)
+        key = self._keys.worker_load(self._id)
+        revision = await self._store.put(key, _json(self._stamped()), lease=lease_id)
+        if revision < self._seen_revision:
+            self._rewound = True  # the loop registers again at once
+            return
+        self._seen_revision = revision
 
     def _stamped(self) -> dict[str, Any]:
         """The load report with the heartbeat interval in force (raised to 3x mean inference time)."""
