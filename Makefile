@@ -9,9 +9,10 @@ STAMP := $(VENV)/.installed
 help:
 	@echo "make setup | proto | proto-check | native | lint | test | up | down | bench | models | chaos | gpu-check | compose-config"
 
-# etcd from Debian's package when missing, then the venv with the project (editable) and its dev tools.
+# etcd (and etcdctl, faketime for the tests) from Debian's packages when missing, then the venv with the project (editable) and its dev tools.
 setup: $(STAMP)
-	@command -v etcd >/dev/null || tools/install-system-deps.sh
+	@command -v etcd >/dev/null && command -v etcdctl >/dev/null || tools/install-system-deps.sh
+	@command -v faketime >/dev/null || tools/install-system-deps.sh faketime
 	@command -v promtool >/dev/null || tools/install-system-deps.sh promtool
 	@command -v docker-compose >/dev/null || tools/install-system-deps.sh docker-compose
 

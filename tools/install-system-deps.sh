@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system tools the project runs, from Debian's packages, when they are missing:
 #   etcd      (package etcd-server, plus etcdctl from etcd-client) — always
+#   faketime  (package faketime) — with the argument "faketime": the clock-skew tests run workers under it
 #   promtool  (package prometheus) — with the argument "promtool": checks the shipped alert rules
 #   docker-compose (package docker-compose) — with the argument "docker-compose": validates deploy/compose
 set -euo pipefail
@@ -21,5 +22,10 @@ if [ "${1:-etcd}" = promtool ]; then
     command -v promtool >/dev/null
     exit 0
 fi
-command -v etcd >/dev/null 2>&1 || install etcd-server etcd-client
-command -v etcd >/dev/null
+if [ "${1:-etcd}" = faketime ]; then
+    command -v faketime >/dev/null 2>&1 || install faketime
+    command -v faketime >/dev/null
+    exit 0
+fi
+{ command -v etcd && command -v etcdctl; } >/dev/null 2>&1 || install etcd-server etcd-client
+command -v etcd >/dev/null && command -v etcdctl >/dev/null

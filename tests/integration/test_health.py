@@ -139,10 +139,10 @@ def test_a_stopped_worker_is_detected_and_recovers_when_resumed(
         worker.stop()
 
 
-def _window(endpoint: str, keys: Keyspace, model: str, **counts: int) -> None:
-    doc = {"router": "r1", "window_s": 30.0, "at": time.time(), "requests": 100, "timeout": 0, "resource": 0,
-           "backend": 0, "unavailable": 0, "client": 0, **counts}  # fmt: skip
-    etcd_put(endpoint, keys.stats("r1", model), doc)
+def _window(endpoint: str, keys: Keyspace, model: str, router: str = "r1", **counts: float) -> None:
+    doc = {"router": router, "window_s": 30.0, "at": time.time(), "requests": 100, "timeout": 0,
+           "resource": 0, "backend": 0, "unavailable": 0, "client": 0, **counts}  # fmt: skip
+    etcd_put(endpoint, keys.stats(router, model), doc)
 
 
 def _level(endpoint: str, keys: Keyspace, model: str) -> int:
@@ -177,6 +177,28 @@ def test_error_rates_raise_breaker_levels_and_cool_down_steps_them_down(etcd_end
         _window(etcd_endpoint, keys, "m")  # keep the window fresh
     assert seen == [3, 2, 1, 0]
     assert all(b - a >= 0.9 for a, b in itertools.pairwise(changes))  # each step waited a cool-down
+
+
+def test_router_windows_count_from_their_arrival_whatever_the_routers_clock(etcd_endpoint, prefix, health):
+    """A router whose clock runs 2 minutes behind is heard; one 2 minutes ahead stops counting once it
+    stops writing (freshness is measured here, from when each window arrived)."""
+    keys = Keyspace(prefix)
+    policy = {"levels": [{"threshold": 0.3, "action": "reduce_batch_size", "params": {"ratio": 0.5}},
+                         {"threshold": 0.6, "action": "disable_secondary_features", "params": {}},
+                         {"threshold": 0.9, "action": "fallback_to_static", "params": {"version": "1"}}],
+              "metrics_window": "2s", "cool_down": "1s"}  # fmt: skip
+    etcd_put(etcd_endpoint, keys.breaker_config(), policy)
+    for model, skew in (("behind", -120.0), ("ahead", 120.0)):
+        _window(etcd_endpoint, keys, model, "skewed", timeout=95, at=time.time() + skew)
+        wait_for(lambda m=model: _level(etcd_endpoint, keys, m) == 3, what=f"{model}: level 3")
+    # the skewed router stops writing; a healthy one goes on: once the old window is a window old, only
+    # the healthy one counts, and the levels come down
+    deadline = time.monotonic() + 20
+    while (_level(etcd_endpoint, keys, "behind"), _level(etcd_endpoint, keys, "ahead")) != (0, 0):
+        assert time.monotonic() < deadline, "the stale windows still count"
+        for model in ("behind", "ahead"):
+            _window(etcd_endpoint, keys, model, "healthy")
+        time.sleep(0.2)  # the healthy router's reporting period, not a synchronisation
 
 
 def test_an_operators_forced_level_wins_until_it_expires(etcd_endpoint, prefix, health):

@@ -35,3 +35,11 @@ def test_no_extra_copies_without_headroom_or_spec():
     )
     hot.update(view(1, Demand("m", "r1", overflow=1, at=1)))
     assert hot.update(ClusterView(now=2)) == {}
+
+
+def test_a_router_whose_clock_is_behind_still_adds_copies():
+    """Each router's report times are compared only with its own: r2's clock runs 60 s behind r1's."""
+    hot = HotCopies(quiet_period_s=600)
+    assert hot.update(view(1, Demand("m", "r1", overflow=1, at=1000.0))) == {"m": 1}
+    ahead, behind = Demand("m", "r1", overflow=1, at=1000.0), Demand("m", "r2", overflow=1, at=940.0)
+    assert hot.update(view(2, ahead, behind)) == {"m": 2}  # r2's report is new, though "older"

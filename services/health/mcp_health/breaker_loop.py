@@ -3,8 +3,11 @@
 Invariants:
 - The policy is ``/mcp/config/breaker`` (DESIGN.md section 8's JSON) or the default when absent; a value
   that does not parse is rejected (logged, counted) and the last good policy stays in force.
-- Only fresh router windows count (their ``at`` within the policy's metrics window); only server-side error
-  classes count (``levels.error_rate``), so clients sending bad input can never open a breaker.
+- Only fresh router windows count: written within the policy's metrics window, as measured on this
+  process's monotonic clock from when each window's new value arrived (never a router's ``at`` against
+  this host's clock: a router whose clock is off by a minute would be ignored, or counted forever); only
+  server-side error classes count (``levels.error_rate``), so clients sending bad input can never open a
+  breaker.
 - A decision is written by compare-and-swap on the key's revision as this instance last saw it: an
   operator's write in between wins, and the next check decides again. Only the leader writes, fenced: the
   write also compares the health leader key (``mcpcore.fencing``), so a deposed leader's write fails.
@@ -52,8 +55,11 @@ class BreakerLoop:
         on_rejected: Callable[[str], None] = lambda key: None,
         on_error: Callable[[str], None] = lambda loop: None,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._mirror, self._store, self._keys, self._alerter = mirror, store, keys, alerter
+        self._monotonic = monotonic
+        self._arrived: dict[str, tuple[int, float]] = {}  # stats key -> (mod revision, local arrival)
         self._fence, self._on_level, self._on_rejected, self._on_error = (
             fence,
             on_level,
@@ -85,24 +91,32 @@ class BreakerLoop:
             self.policy = policy
             self.controller.policy = policy  # keeps the step-down timers
 
-    def _windows(self, now: float) -> dict[str, list[dict]]:
+    def _windows(self) -> dict[str, list[dict]]:
         windows: dict[str, list[dict]] = {}
+        local = self._monotonic()
+        arrived: dict[str, tuple[int, float]] = {}
         for key, raw in self._mirror.values.items():
             parsed = self._keys.parse_stats_key(key)
             if parsed is None:
                 continue
+            revision = self._mirror.revisions.get(key, 0)
+            seen = self._arrived.get(key)
+            arrived[key] = seen = seen if seen is not None and seen[0] == revision else (revision, local)
+            if local - seen[1] > self.policy.metrics_window_s:
+                continue  # not rewritten for a whole window: its router stopped reporting
             try:
                 doc = json.loads(raw)
             except ValueError:
                 continue
-            if isinstance(doc, dict) and now - float(doc.get("at", 0)) <= self.policy.metrics_window_s:
+            if isinstance(doc, dict):
                 windows.setdefault(parsed[1], []).append(doc)
+        self._arrived = arrived  # keys gone from etcd are forgotten
         return windows
 
     async def check(self) -> None:
         self._refresh_policy()
         now = self._clock()
-        windows = self._windows(now)
+        windows = self._windows()
         models = set(windows) | {m for k in self._mirror.values if (m := self._keys.parse_breaker_key(k))}
         for model in sorted(models):
             try:

@@ -21,7 +21,7 @@ class HealthV2(health_pb2_grpc.HealthServicer):
         self._mirror, self._keys, self._detector = mirror, keys, detector
 
     async def ClusterHealth(self, request, context):  # type: ignore[no-untyped-def]
-        now = time.time()
+        now, local = time.time(), time.monotonic()
         states: Counter[str] = Counter()
         per_worker: Counter[str] = Counter()
         breakers = []
@@ -45,7 +45,7 @@ class HealthV2(health_pb2_grpc.HealthServicer):
             health_pb2.WorkerHealth(
                 worker_id=w.id,
                 alive=w.alive,
-                heartbeat_age_ms=int(max(0.0, now - w.last_beat) * 1000),
+                heartbeat_age_ms=int(max(0.0, local - w.arrived) * 1000),  # on this host's clock
                 last_active_unix_ms=int(w.last_active * 1000),
                 replicas=per_worker[w.id],
                 queue_depth=w.queue_depth,
