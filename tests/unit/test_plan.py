@@ -159,12 +159,12 @@ def test_backoff_keeps_a_failed_key_off_its_worker_until_it_expires():
 def test_idle_records_are_forgotten_unless_a_load_is_under_way():
     view = cluster(W2, [rep("1", "w1", S.IDLE)], [spec()])
     assert brief(plan(view)) == [("forget", "m", "1", "w1"), ("load", "m", "1", "w2")]
-    assert brief(plan(view, in_flight=frozenset({("m", "1", "w1")}))) == []
+    assert brief(plan(view, in_flight={("m", "1", "w1"): "load"})) == []
 
 
 def test_in_flight_loads_count_and_are_never_repeated():
     view = cluster(W2, [], [spec(replicas=2)])
-    p = plan(view, in_flight=frozenset({("m", "1", "w1")}))
+    p = plan(view, in_flight={("m", "1", "w1"): "load"})
     assert brief(p) == [("load", "m", "1", "w2")]
 
 
@@ -354,7 +354,9 @@ def views(draw):
         replicas=replicas,
         demand={m: (Demand(m, "r1", requests=1),) for m in draw(st.lists(st.sampled_from(MODELS)))},
     )
-    in_flight = frozenset(draw(st.lists(KEYS, max_size=3)))
+    in_flight = draw(
+        st.dictionaries(KEYS, st.sampled_from(["load", "start", "pause", "unload", "forget"]), max_size=3)
+    )
     backoff = draw(st.dictionaries(KEYS, st.floats(NOW - 10, NOW + 10), max_size=3))
     extra = draw(st.dictionaries(st.sampled_from(MODELS), st.integers(0, 3), max_size=2))
     return view, in_flight, backoff, extra
@@ -367,13 +369,13 @@ def test_plan_properties(case):
     p = plan(view, in_flight=in_flight, backoff=backoff, extra_copies=extra)
     keyed = [(a.model, a.version, a.worker) for a in p.actions if not isinstance(a, PublishRouting)]
     assert not [k for k, n in Counter(keyed).items() if n > 1], "two actions for one replica"
+    assert not set(keyed) & set(in_flight), "an action for a replica with one in flight"
     loads: Counter[str] = Counter()
     for a in p.actions:
         if isinstance(a, LoadReplica):
             w = view.workers.get(a.worker)
             assert w is not None and not w.stopped and not w.draining
             assert all(w.labels.get(k) == v for k, v in view.specs[a.model].labels.items())
-            assert (a.model, a.version, a.worker) not in in_flight
             assert (a.model, a.version, a.worker) not in view.replicas
             if backoff.get((a.model, a.version, a.worker), 0) > view.now:
                 raise AssertionError(f"load during backoff: {a}")
@@ -388,8 +390,8 @@ def test_plan_properties(case):
         used = sum(replica_bytes(view, r) for r in view.replicas_on(wid))
         flying = sum(
             view.specs[m].memory_bytes
-            for m, v, w in in_flight
-            if w == wid and m in view.specs and (m, v, w) not in view.replicas
+            for (m, v, w), kind in in_flight.items()
+            if kind == "load" and w == wid and m in view.specs and (m, v, w) not in view.replicas
         )
         assert used + flying + planned <= view.workers[wid].capacity_bytes
 

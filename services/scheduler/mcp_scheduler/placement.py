@@ -4,9 +4,13 @@ Invariants:
 - Pure: reads a ``ClusterView`` and returns a ``Placement``; never mutates the view.
 - A chosen worker is registered, not stopped, not draining, carries every required label, holds no record
   of the (model, version) yet, is not excluded, and has ``free >= need_bytes`` where free counts every
-  recorded replica (measured bytes, else the model's declared bytes) and the caller's reservations.
+  recorded replica (measured bytes, else the model's declared bytes), UNLOADING ones included, and the
+  caller's reservations.
+- A worker that fits only once its UNLOADING replicas are gone is ``waiting``: no load now (the memory is
+  still held), and no eviction for that copy either (the room is coming: evicting more would cascade).
 - Evictions only ever name replicas of models with a strictly lower spec priority, in READY, RUNNING or
-  PAUSED, and never a model's last RUNNING replica of a version in its routing in force. They free room
+  PAUSED, and never a model's last RUNNING replica of a version in its routing in force (UNLOADING
+  replicas, those an unload in flight takes, and those already taken do not count as others). They free room
   for a later round: the chosen workers never count on memory an eviction has yet to release.
 - ``shortfall`` is set exactly when fewer than ``count`` copies are covered, and says why in words.
 """
@@ -19,7 +23,15 @@ from dataclasses import dataclass, field
 from mcp_scheduler.view import ClusterView, ReplicaInfo, ReplicaKey, WorkerInfo
 from mcpcore.lifecycle import ReplicaState
 
-__all__ = ["EVICTABLE", "Placement", "format_bytes", "free_bytes", "place", "replica_bytes"]
+__all__ = [
+    "EVICTABLE",
+    "Placement",
+    "format_bytes",
+    "free_bytes",
+    "place",
+    "replica_bytes",
+    "unloading_bytes",
+]
 
 S = ReplicaState
 #: States an eviction may unload (LOADING finishes first; UNLOADING is already going).
@@ -29,6 +41,7 @@ EVICTABLE = frozenset({S.READY, S.RUNNING, S.PAUSED})
 @dataclass(frozen=True)
 class Placement:
     workers: list[str] = field(default_factory=list)  # load one copy on each, now
+    waiting: list[str] = field(default_factory=list)  # fit once their unloads finish: load there later
     evictions: list[ReplicaKey] = field(default_factory=list)  # unload now; place next round
     shortfall: str | None = None  # why some copies could not be covered
 
@@ -44,6 +57,11 @@ def replica_bytes(view: ClusterView, replica: ReplicaInfo) -> int:
 def free_bytes(view: ClusterView, worker: WorkerInfo, reserved: Mapping[str, int] | None = None) -> int:
     used = sum(replica_bytes(view, r) for r in view.replicas_on(worker.id))
     return worker.capacity_bytes - used - (reserved or {}).get(worker.id, 0)
+
+
+def unloading_bytes(view: ClusterView, worker: str) -> int:
+    """Memory that replicas on their way out (UNLOADING) still hold on ``worker``."""
+    return sum(replica_bytes(view, r) for r in view.replicas_on(worker) if r.state is S.UNLOADING)
 
 
 def format_bytes(n: int) -> str:
@@ -77,14 +95,19 @@ def place(
     chosen = fits[:count]
     if len(chosen) == count:
         return Placement(workers=chosen)
-    rest = sorted((w for w in free if w not in chosen), key=lambda w: (-free[w], w))
-    evictions, covered = _evictions(view, ask, {w: free[w] for w in rest}, count - len(chosen))
-    missing = count - len(chosen) - covered
+    soon = {w: f + unloading_bytes(view, w) for w, f in free.items() if w not in chosen}
+    waiting = sorted((w for w in soon if soon[w] >= need_bytes), key=lambda w: (-soon[w], w))
+    waiting = waiting[: count - len(chosen)]
+    if len(chosen) + len(waiting) == count:
+        return Placement(workers=chosen, waiting=waiting)
+    rest = sorted((w for w in soon if w not in waiting), key=lambda w: (-soon[w], w))
+    evictions, covered = _evictions(view, ask, {w: soon[w] for w in rest}, count - len(chosen) - len(waiting))
+    missing = count - len(chosen) - len(waiting) - covered
     if missing <= 0:
-        return Placement(workers=chosen, evictions=evictions)
-    used = sorted({*chosen, *(k[2] for k in evictions)})
-    unused = {w: f for w, f in free.items() if w not in used}
-    return Placement(chosen, evictions, _shortfall(view, ask, missing, unused, used))
+        return Placement(workers=chosen, waiting=waiting, evictions=evictions)
+    used = sorted({*chosen, *waiting, *(k[2] for k in evictions)})
+    unused = {w: f for w, f in soon.items() if w not in used}
+    return Placement(chosen, waiting, evictions, _shortfall(view, ask, missing, unused, used))
 
 
 @dataclass(frozen=True)
@@ -164,7 +187,7 @@ def _evictable(view: ClusterView, r: ReplicaInfo, priority: int, taken: set[Repl
     routing = view.routing.get(r.model)
     if routing is None or r.version not in routing.versions:
         return True
-    return any(
+    return any(  # another RUNNING copy of the routed version stays (UNLOADING ones are not RUNNING)
         o.key != r.key and o.key not in taken and o.state is S.RUNNING and _serving(view, o.worker)
         for o in view.replicas_of(r.model, r.version)
     )

@@ -3,16 +3,23 @@
 Invariants:
 - Pure and deterministic: the same inputs give the same ``Plan``; actions are sorted by model, version,
   worker (a model's ``PublishRouting`` after its replica actions, its ``RollbackCanary`` last).
-- At most one action per replica key. Never a ``LoadReplica`` for a key in ``in_flight``, nor onto a worker
-  that is dead, stopped or draining, nor past a worker's memory (placement counts recorded replicas, loads
-  in flight and the loads planned earlier in the same plan).
+- At most one action per replica key, and none for a key with an action in flight (``in_flight`` names
+  each one's kind). Never a ``LoadReplica`` onto a worker that is dead, stopped or draining, nor past a
+  worker's memory (placement counts recorded replicas, loads in flight and the loads planned earlier in
+  the same plan).
+- A replica with an unload (or forget) in flight, or in UNLOADING, is gone for planning: never a copy,
+  never the "other copy" that makes an eviction safe, and its memory is freed for deciding whether more
+  evictions are needed (a worker that fits once its unloads finish gets the load then: the round waits,
+  with the room held, rather than evicting more).
 - Safe flips: a routing names a version only once it is RUNNING on ``max(1, required)`` replicas on live,
   not-stopped workers; until then the routing in force stays and ``ModelStatus.pending`` says why.
 - A record written by another incarnation of its worker than the one registered now is stale: never a
   copy, forgotten (the process that wrote it is gone; routers do not follow it either).
 - Never unloads below the required RUNNING copies: a drained or excess copy goes only once enough RUNNING
-  copies on usable workers remain. A LOADING replica is left to finish; a stopped worker gets no actions
-  but ``ForgetReplica`` (an emergency stop releases its replicas itself).
+  copies on usable workers remain; an eviction never takes the last RUNNING copy of a routed version
+  (copies on their way out do not count). A LOADING replica
+  is left to finish; a stopped worker gets no actions but ``ForgetReplica`` (an emergency stop releases
+  its replicas itself).
 - Models are planned by descending priority, so higher-priority models claim memory first.
 - A wanted canary (``canary_percent > 0``) of a model whose breaker level is above 0 is rolled back
   (DESIGN.md 7): ``RollbackCanary`` rewrites the wanted traffic to its stable version alone, and the round
@@ -25,6 +32,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from mcp_scheduler.placement import place
 from mcp_scheduler.view import ClusterView, ModelSpecDoc, ReplicaInfo, ReplicaKey, TrafficDoc
@@ -33,6 +41,7 @@ from mcpcore.lifecycle import ReplicaState
 __all__ = [
     "Action",
     "ForgetReplica",
+    "InFlight",
     "LoadReplica",
     "ModelStatus",
     "PauseReplica",
@@ -42,6 +51,7 @@ __all__ = [
     "RollbackCanary",
     "StartReplica",
     "UnloadReplica",
+    "kind_of",
     "plan",
 ]
 
@@ -111,6 +121,18 @@ class RollbackCanary:
 
 Action = ReplicaAction | PublishRouting | RollbackCanary
 
+#: The kind of an action in flight on a replica (``kind_of``): what the planner must assume of it.
+InFlight = Literal["load", "start", "pause", "unload", "forget"]
+_KINDS: dict[type, InFlight] = {}  # filled below, once the classes exist
+
+
+def kind_of(action: ReplicaAction) -> InFlight:
+    return _KINDS[type(action)]
+
+
+_KINDS.update({LoadReplica: "load", StartReplica: "start", PauseReplica: "pause", UnloadReplica: "unload",
+               ForgetReplica: "forget"})  # fmt: skip
+
 
 @dataclass(frozen=True)
 class ModelStatus:
@@ -130,16 +152,17 @@ class Plan:
 def plan(
     view: ClusterView,
     *,
-    in_flight: frozenset[ReplicaKey] = frozenset(),
+    in_flight: Mapping[ReplicaKey, InFlight] | None = None,
     backoff: Mapping[ReplicaKey, float] | None = None,
     extra_copies: Mapping[str, int] | None = None,
 ) -> Plan:
     """The actions that move ``view`` toward its specs and traffic, and each model's status.
 
-    ``in_flight``: loads already under way (counted as copies); ``backoff``: no new load of a key before
-    its time; ``extra_copies``: more copies for hot models (capped by ``max_replicas``).
+    ``in_flight``: actions under way, by kind (loads count as copies, unloads as gone); ``backoff``: no new
+    load of a key before its time; ``extra_copies``: more copies for hot models (capped by
+    ``max_replicas``).
     """
-    return _Planner(view, in_flight, backoff or {}, extra_copies or {}).run()
+    return _Planner(view, in_flight or {}, backoff or {}, extra_copies or {}).run()
 
 
 def _order(action: Action) -> tuple[str, int, int, str, str]:
@@ -154,21 +177,28 @@ class _Planner:
     def __init__(
         self,
         view: ClusterView,
-        in_flight: frozenset[ReplicaKey],
+        in_flight: Mapping[ReplicaKey, InFlight],
         backoff: Mapping[ReplicaKey, float],
         extra: Mapping[str, int],
     ) -> None:
         self.view = view
         self.in_flight = in_flight
+        self.loading = frozenset(k for k, kind in in_flight.items() if kind == "load")
         self.backoff = backoff
         self.extra = extra
         self.actions: dict[ReplicaKey, ReplicaAction] = {}
         self.publish: list[PublishRouting | RollbackCanary] = []
         self.errors: dict[str, list[str]] = defaultdict(list)
+        self.waiting: dict[str, list[str]] = defaultdict(list)
         self.status: dict[str, ModelStatus] = {}
-        self.replicas: dict[ReplicaKey, ReplicaInfo] = dict(view.replicas)  # evicted ones become UNLOADING
+        # evicted ones, and those an unload in flight takes away, become UNLOADING: gone for planning
+        self.replicas: dict[ReplicaKey, ReplicaInfo] = dict(view.replicas)
+        for key, kind in in_flight.items():
+            r = self.replicas.get(key)
+            if kind in ("unload", "forget") and r is not None and r.state in HEALTHY:
+                self.replicas[key] = replace(r, state=S.UNLOADING)
         self.reserved: dict[str, int] = defaultdict(int)
-        for m, v, w in sorted(in_flight):
+        for m, v, w in sorted(self.loading):
             if (m, v, w) not in view.replicas and w in view.workers:
                 self.reserved[w] += self._need_bytes(m, v)
 
@@ -185,7 +215,7 @@ class _Planner:
     # -- helpers ---------------------------------------------------------------------------------------
     def _add(self, action: ReplicaAction) -> bool:
         key = action.key
-        if key in self.actions:
+        if key in self.actions or key in self.in_flight:
             return False
         self.actions[key] = action
         return True
@@ -295,7 +325,7 @@ class _Planner:
         stops asking once a copy exists: dropping it then would make loads flap)."""
         if any(d.requests > 0 for d in self.view.demand.get(model, ())):
             return True
-        if any(m == model and v in in_play for m, v, _w in self.in_flight):
+        if any(m == model and v in in_play for m, v, _w in self.loading):
             return True
         return any(self._copies(model, v) for v in in_play)
 
@@ -317,7 +347,7 @@ class _Planner:
     def _fill(self, spec: ModelSpecDoc, version: str, required: int) -> None:
         m = spec.model
         counted = {r.key for r in self._copies(m, version) if self._usable(r.worker)}
-        counted |= {k for k in self.in_flight if k[:2] == (m, version) and self._in_flight_counts(k)}
+        counted |= {k for k in self.loading if k[:2] == (m, version) and self._in_flight_counts(k)}
         missing = required - len(counted)
         if missing <= 0:
             return
@@ -340,6 +370,9 @@ class _Planner:
         for w in p.workers:
             if self._add(LoadReplica(m, version, w, reason)):
                 self.reserved[w] += need
+        for w in p.waiting:  # fits once its unloads finish: the room is held for this model meanwhile
+            self.reserved[w] += need
+            self.waiting[m].append(f"{m}/{version} waits for replicas unloading on {w}")
         self._evict(p.evictions, need, f"{m}/{version} (priority {spec.priority})")
         if p.shortfall:
             self.errors[m].append(p.shortfall)
@@ -383,6 +416,8 @@ class _Planner:
             pending = self._pending(
                 spec, wanted=wanted, current=current, short=short, running=running, required=required
             )
+        if self.waiting.get(m):
+            pending = "; ".join([*([pending] if pending else []), *self.waiting[m]])
         self.status[m] = ModelStatus(
             model=m,
             versions={v: (running[v], required[v]) for v in sorted(required, key=int)},

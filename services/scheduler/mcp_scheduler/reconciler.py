@@ -3,7 +3,8 @@
 Invariants:
 - Only the leader acts. Every round plans from one ``ClusterView`` (``plan.plan``, pure) and executes the
   actions concurrently, at most one at a time per replica; a replica action still running is passed to
-  the planner as in flight, so no replica is ever loaded twice.
+  the planner as in flight with its kind, so no replica is ever loaded twice and a queued unload counts
+  as a copy gone, not as one running.
 - Every action is idempotent (a worker's Load of a loaded version, a Resume of a RUNNING one, a delete
   guarded by revision), so a new leader can replay whatever the last one was doing: all state is in etcd.
 - A failed action backs off per replica (doubling to a maximum), is logged and counted; its error is
@@ -36,18 +37,21 @@ from mcp_scheduler.hot import HotCopies
 from mcp_scheduler.plan import (
     Action,
     ForgetReplica,
+    InFlight,
     LoadReplica,
     ModelStatus,
     PauseReplica,
     Plan,
     PublishRouting,
+    ReplicaAction,
     RollbackCanary,
     StartReplica,
     UnloadReplica,
+    kind_of,
     plan,
 )
 from mcp_scheduler.state import ClusterState
-from mcp_scheduler.view import ClusterView
+from mcp_scheduler.view import ClusterView, ReplicaKey
 from mcp_scheduler.worker_client import WorkerClients
 from mcpcore.errors import FailedPrecondition, MCPError, NotFound
 from mcpcore.fencing import Fence
@@ -88,6 +92,7 @@ class Reconciler:
         self._clock = clock
         self._hot = HotCopies(config.hot_quiet_period_s)
         self._running: dict[tuple[str, ...], asyncio.Task[None]] = {}
+        self._kinds: dict[ReplicaKey, InFlight] = {}  # the replica actions among them, by kind
         self._backoff: dict[tuple[str, str, str], tuple[float, float]] = {}  # key -> (until, delay)
         self._errors: dict[str, tuple[str, str, float]] = {}  # model -> (code, message, at)
         self._published: dict[str, tuple[bytes | None, int]] = {}  # model -> (doc written, revision)
@@ -132,7 +137,7 @@ class Reconciler:
         spec_revisions = {m: self._state.mod_revision(self._keys.model_spec(m)) for m in view.specs}
         traffic_revisions = {m: self._state.mod_revision(self._keys.model_traffic(m)) for m in view.traffic}
         now = self._clock()
-        in_flight = frozenset(k for k in self._running if len(k) == 3)
+        in_flight = dict(self._kinds)  # replica actions under way, by kind
         backoff = {k: until for k, (until, _) in self._backoff.items() if until > now}
         result = plan(view, in_flight=in_flight, backoff=backoff, extra_copies=self._hot.update(view))
         self.rounds += 1
@@ -140,6 +145,8 @@ class Reconciler:
         for action in result.actions:
             key = _key(action)
             if key not in self._running:
+                if isinstance(action, ReplicaAction):
+                    self._kinds[action.key] = kind_of(action)
                 # a rollback is guarded by the traffic revision it was planned from
                 revision = traffic_revisions.get(action.model, 0) if isinstance(action, RollbackCanary) else 0
                 self._running[key] = asyncio.create_task(self._run(key, action, view, revision, fence))
@@ -156,6 +163,7 @@ class Reconciler:
             # no longer in flight *before* the next round is woken, or that round would skip this
             # replica and nothing would wake another until the periodic tick
             self._running.pop(key, None)
+            self._kinds.pop(key, None)  # type: ignore[arg-type]
             self._state.changed.set()
 
     async def _run_guarded(self, action: Action, view: ClusterView, revision: int, fence: Fence) -> None:
