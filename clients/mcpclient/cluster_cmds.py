@@ -1,4 +1,4 @@
-"""``mcpctl`` cluster commands: status, load, unload, traffic, breaker, route, infer.
+"""``mcpctl`` cluster commands: status, load, unload, traffic, breaker, drain, undrain, route, infer.
 
 Each talks to the services over their public gRPC contracts (scheduler, router, health); addresses default
 to DESIGN.md section 13's and can be changed with ``--scheduler``, ``--router``, ``--health`` or the
@@ -64,7 +64,8 @@ def status_table(scheduler: str, health: str | None) -> str:
         for r in m.replicas or [model_pb2.ReplicaStatus(model=m.model)]:
             state = model_pb2.ModelState.Name(r.state) if r.worker_id else "-"
             where = f"{m.model:<16}{r.version or '-':<9}{r.worker_id or '-':<22}"
-            lines.append(f"{where}{state:<11}{m.breaker.level:<9}{note}")
+            why = f"{state.lower()}: {r.reason}" if r.worker_id and state != "RUNNING" and r.reason else ""
+            lines.append(f"{where}{state:<11}{m.breaker.level:<9}{'  '.join(x for x in (note, why) if x)}")
             note = ""
     if health:
         try:
@@ -75,11 +76,12 @@ def status_table(scheduler: str, health: str | None) -> str:
             lines.append(f"(health service at {health} did not answer)")
         else:
             lines.append("")
-            lines.append(f"{'WORKER':<22}{'ALIVE':<7}{'HEARTBEAT AGE':<15}{'REPLICAS':<10}QUEUE")
+            lines.append(f"{'WORKER':<22}{'ALIVE':<7}{'HEARTBEAT AGE':<15}{'REPLICAS':<10}{'QUEUE':<7}NOTE")
             for w in report.workers:
                 age = w.heartbeat_age_ms / 1000
+                note = f"drained: {w.drained}" if w.drained else "stopping (SIGTERM)" if w.stopping else ""
                 lines.append(
-                    f"{w.worker_id:<22}{str(w.alive).lower():<7}{age:<15.1f}{w.replicas:<10}{w.queue_depth}"
+                    f"{w.worker_id:<22}{str(w.alive).lower():<7}{age:<15.1f}{w.replicas:<10}{w.queue_depth:<7}{note}"
                 )
     return "\n".join(lines)
 
@@ -170,6 +172,36 @@ def _add_breaker(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+# --- drain, undrain ----------------------------------------------------------------------------------------
+def _add_drain(sub: Any) -> None:
+    p = sub.add_parser("drain", help="move every replica off a worker and place nothing new on it")
+    p.add_argument("worker")
+    p.add_argument("--reason", default="drained by mcpctl")
+    _addresses(p)
+
+    def run(a: argparse.Namespace) -> int:
+        request = control_pb2.DrainRequest(worker_id=a.worker, reason=a.reason)
+        moving = _call(_control(a).Drain, request).replicas
+        names = ", ".join(f"{r.model}/{r.version}" for r in moving) or "none"
+        print(f"{a.worker}: drained ({a.reason}); replicas moving away: {names}")
+        return 0
+
+    p.set_defaults(func=run)
+
+
+def _add_undrain(sub: Any) -> None:
+    p = sub.add_parser("undrain", help="end a worker's drain: it takes new replicas again")
+    p.add_argument("worker")
+    _addresses(p)
+
+    def run(a: argparse.Namespace) -> int:
+        reason = _call(_control(a).Undrain, control_pb2.UndrainRequest(worker_id=a.worker)).reason
+        print(f"{a.worker}: no longer drained" + (f" (was: {reason})" if reason else ""))
+        return 0
+
+    p.set_defaults(func=run)
+
+
 # --- route, infer ------------------------------------------------------------------------------------------
 def _add_route(sub: Any) -> None:
     p = sub.add_parser("route", help="where a request for a model (and key) would go")
@@ -217,4 +249,7 @@ def _add_infer(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-COMMANDS = (_add_status, _add_load, _add_unload, _add_traffic, _add_breaker, _add_route, _add_infer)
+COMMANDS = (
+    _add_status, _add_load, _add_unload, _add_traffic, _add_breaker, _add_drain, _add_undrain, _add_route,
+    _add_infer,
+)  # fmt: skip

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 import uuid
 
 import grpc
 import numpy as np
 import pytest
 from harness import (
+    HealthProcess,
     SchedulerProcess,
     TensorClient,
     WorkerProcess,
@@ -327,7 +332,43 @@ def test_pause_resume_and_drain(cluster, stub):
         timeout_s=30,
         what="the replica moved off the drained worker",
     )
+    undone = stub.Undrain(control_pb2.UndrainRequest(worker_id=where), timeout=10)
+    assert undone.reason == "kernel upgrade"
+    with pytest.raises(grpc.RpcError) as info:  # not drained (any more): a clear NOT_FOUND
+        stub.Undrain(control_pb2.UndrainRequest(worker_id=where), timeout=10)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND and "not drained" in info.value.details()
+    # the worker takes replicas again: two copies need both workers
+    status = load(stub, spec("demo-mlp", "1", replicas=2))
+    assert {w for _, w in running(status)} == {w.worker_id for w in cluster["workers"]}
     stub.UnloadModel(control_pb2.UnloadModelRequest(model="demo-mlp"), timeout=60)
+
+
+def test_mcpctl_drains_and_undrains_and_status_shows_it(cluster, tmp_path, etcd_endpoint):
+    health = HealthProcess(tmp_path, etcd_endpoint, prefix=cluster["prefix"], check_interval_s=0.2).start()
+    worker = cluster["workers"][0].worker_id
+    addr = ["--scheduler", cluster["scheduler"].endpoints["grpc"], "--health", health.endpoints["grpc"]]
+
+    def mcpctl(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "mcpclient.mcpctl", *args, *addr]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+    try:
+        drained = mcpctl("drain", worker, "--reason", "disk swap")
+        assert drained.returncode == 0 and f"{worker}: drained (disk swap)" in drained.stdout, drained.stderr
+        status = wait_for(
+            lambda: (out := mcpctl("status").stdout) and "drained: disk swap" in out and out,
+            what="status shows the drain",
+        )
+        assert next(line for line in status.splitlines() if line.startswith(worker)).endswith(
+            "drained: disk swap"
+        )
+        undone = mcpctl("undrain", worker)
+        assert undone.returncode == 0 and "no longer drained (was: disk swap)" in undone.stdout
+        again = mcpctl("undrain", worker)
+        assert again.returncode == 1 and "not drained" in again.stderr and len(again.stderr.splitlines()) == 1
+        wait_for(lambda: "drained:" not in mcpctl("status").stdout, what="status without the drain")
+    finally:
+        health.stop()
 
 
 def test_watch_models_streams_a_snapshot_then_changes(cluster, stub):
@@ -353,3 +394,49 @@ def test_watch_models_streams_a_snapshot_then_changes(cluster, stub):
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "0..3" in info.value.details()
     stub.SetBreaker(control_pb2.SetBreakerRequest(model="demo-slow", clear=True), timeout=5)
     stub.UnloadModel(control_pb2.UnloadModelRequest(model="demo-slow"), timeout=60)
+
+
+def test_a_load_that_runs_out_of_time_keeps_its_spec_and_finishes(cluster, stub, etcd_endpoint):
+    keys = Keyspace(cluster["prefix"])
+    frozen = cluster["workers"]
+    for w in frozen:  # no load can finish while the call waits
+        os.kill(w.proc.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            load(stub, spec("demo-onnx", "1"), timeout=1.0)
+    finally:
+        for w in frozen:
+            os.kill(w.proc.pid, signal.SIGCONT)
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "goes on in the background" in info.value.details()
+    assert etcd_get(etcd_endpoint, keys.model_spec("demo-onnx")) is not None  # kept, as the message says
+    status = load(stub, spec("demo-onnx", "1"))  # and it does finish
+    assert len(running(status)) == 1
+    stub.UnloadModel(control_pb2.UnloadModelRequest(model="demo-onnx"), timeout=60)
+
+
+def test_a_load_that_fails_on_one_worker_is_placed_on_another(tmp_path, etcd_endpoint, repo):
+    """The first pick is frozen: its Load times out (a failure another worker may not hit). LoadModel
+    does not return it: the copy goes to the other worker."""
+    prefix = f"/t{uuid.uuid4().hex[:8]}/mcp"
+    tag = uuid.uuid4().hex[:6]
+    workers = [
+        WorkerProcess(
+            tmp_path, etcd_endpoint, repo, prefix=prefix, worker_id=f"w-{name}-{tag}", lease_ttl_s=20
+        )
+        for name in ("a", "b")
+    ]
+    for w in workers:
+        w.start()
+    scheduler = SchedulerProcess(tmp_path, etcd_endpoint, prefix=prefix, worker_timeout_s=1.0).start()
+    first = workers[0]  # same free memory: the lower id is picked first
+    os.kill(first.proc.pid, signal.SIGSTOP)
+    try:
+        control = control_pb2_grpc.ModelControlStub(scheduler.channel())
+        status = load(control, spec("demo-mlp", "1"), timeout=45)
+        assert running(status) == [("1", workers[1].worker_id)]
+    finally:
+        os.kill(first.proc.pid, signal.SIGCONT)
+        scheduler.stop()
+        for w in workers:
+            w.stop()

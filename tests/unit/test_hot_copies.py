@@ -43,3 +43,21 @@ def test_a_router_whose_clock_is_behind_still_adds_copies():
     assert hot.update(view(1, Demand("m", "r1", overflow=1, at=1000.0))) == {"m": 1}
     ahead, behind = Demand("m", "r1", overflow=1, at=1000.0), Demand("m", "r2", overflow=1, at=940.0)
     assert hot.update(view(2, ahead, behind)) == {"m": 2}  # r2's report is new, though "older"
+
+
+def test_copies_move_between_min_and_max_replicas():
+    """replicas 3, min 1, max 4: one more on overflow, then quiet periods take it down to 1, never below."""
+    specs = {"m": ModelSpecDoc("m", ("1",), replicas=3, min_replicas=1, max_replicas=4)}
+    hot = HotCopies(quiet_period_s=10)
+
+    def at(now, *demand):
+        return hot.update(ClusterView(now=now, specs=specs, demand={"m": tuple(demand)} if demand else {}))
+
+    assert at(0) == {}  # starts at replicas
+    assert at(1, Demand("m", "r1", overflow=1, at=1)) == {"m": 1}  # 4
+    assert at(2, Demand("m", "r1", overflow=1, at=2)) == {"m": 1}  # capped at max_replicas
+    assert at(12) == {}  # quiet: back to 3
+    assert at(22) == {"m": -1}  # 2
+    assert at(32) == {"m": -2}  # 1 = min_replicas
+    assert at(60) == {"m": -2}  # never below
+    assert at(61, Demand("m", "r1", overflow=1, at=61)) == {"m": -1}  # hot again: grows back

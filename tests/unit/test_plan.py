@@ -254,6 +254,21 @@ def test_load_on_demand_keeps_its_copy_once_asked_for():
     assert brief(p) == [("route", "m", TrafficDoc("1"))]
 
 
+def test_a_quiet_model_shrinks_to_min_replicas_and_no_further():
+    workers = [worker(f"w{i}") for i in range(1, 4)]
+    running = [rep("1", f"w{i}", since=float(i)) for i in range(1, 4)]
+    view = cluster(workers, running, [spec(replicas=3, min_replicas=1)], routing={"m": TrafficDoc("1")})
+    assert [a for a in brief(plan(view, extra_copies={"m": -1})) if a[0] == "unload"] == [
+        ("unload", "m", "1", "w3")
+    ]
+    assert [a for a in brief(plan(view, extra_copies={"m": -5})) if a[0] == "unload"] == [
+        ("unload", "m", "1", "w2"),
+        ("unload", "m", "1", "w3"),
+    ]  # min_replicas 1: the oldest copy stays
+    no_min = cluster(workers, running, [spec(replicas=3)], routing={"m": TrafficDoc("1")})
+    assert [a for a in brief(plan(no_min, extra_copies={"m": -2})) if a[0] == "unload"] == []  # 0: replicas
+
+
 def test_extra_copies_for_hot_models_are_capped_by_max_replicas():
     workers = [worker(f"w{i}") for i in range(1, 6)]
     p = plan(cluster(workers, [], [spec(replicas=1, max_replicas=3)]), extra_copies={"m": 5})

@@ -69,6 +69,7 @@ def test_spec_model_field_must_match_the_key():
         ({"versions": ["1"], "replicas": 0}, "replicas: 0 needs load_on_demand: true"),
         ({"versions": ["1"], "replicas": 3, "max_replicas": 2}, "max_replicas: must be 0 .* or >= replicas"),
         ({"versions": ["1"], "max_replicas": -1}, "max_replicas: must be >= 0"),
+        ({"versions": ["1"], "replicas": 2, "min_replicas": 3}, "min_replicas: must be 0 .* or <= replicas"),
         ({"versions": ["1"], "min_replicas": -1}, "min_replicas: must be >= 0"),
         ({"versions": ["1"], "priority": 1.5}, "priority: expected an integer, got 1.5"),
         ({"versions": ["1"], "priority": None}, "priority: expected an integer, got null"),

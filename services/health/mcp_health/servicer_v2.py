@@ -20,6 +20,17 @@ class HealthV2(health_pb2_grpc.HealthServicer):
     def __init__(self, mirror: PrefixMirror, keys: Keyspace, detector: Detector) -> None:
         self._mirror, self._keys, self._detector = mirror, keys, detector
 
+    def _doc_field(self, key: str, field: str, present: str) -> str:
+        """``field`` of the JSON at ``key`` as text; ``present`` if the key lacks it; "" if no key."""
+        raw = self._mirror.values.get(key)
+        if raw is None:
+            return ""
+        try:
+            value = json.loads(raw).get(field)
+        except (ValueError, AttributeError):
+            return present
+        return str(value) if value else present
+
     async def ClusterHealth(self, request, context):  # type: ignore[no-untyped-def]
         now, local = time.time(), time.monotonic()
         states: Counter[str] = Counter()
@@ -49,6 +60,8 @@ class HealthV2(health_pb2_grpc.HealthServicer):
                 last_active_unix_ms=int(w.last_active * 1000),
                 replicas=per_worker[w.id],
                 queue_depth=w.queue_depth,
+                drained=self._doc_field(self._keys.drain(w.id), "reason", "drained"),
+                stopping=bool(self._doc_field(self._keys.worker(w.id), "draining", "")),
             )
             for w in sorted(self._detector.workers.values(), key=lambda w: w.id)
         ]

@@ -172,13 +172,19 @@ def parse_spec(model: str, raw: bytes) -> ModelSpecDoc:
     max_replicas = d.int_("max_replicas", 0, lo=0)
     if 0 < max_replicas < replicas:
         d.fail("max_replicas", f"must be 0 (no extra copies) or >= replicas ({replicas}), got {max_replicas}")
+    min_replicas = d.int_("min_replicas", 0, lo=0)
+    if min_replicas > replicas:
+        d.fail(
+            "min_replicas",
+            f"must be 0 (no fewer than replicas) or <= replicas ({replicas}), got {min_replicas}",
+        )
     fallback = d.get("fallback_version", None)
     delay = d.get("max_queue_delay_us", None)
     return ModelSpecDoc(
         model=model,
         versions=versions,
         replicas=replicas,
-        min_replicas=d.int_("min_replicas", 0, lo=0),
+        min_replicas=min_replicas,
         max_replicas=max_replicas,
         priority=d.int_("priority", 0),
         memory_bytes=d.int_("memory_bytes", 0, lo=0),

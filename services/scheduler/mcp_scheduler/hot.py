@@ -1,10 +1,11 @@
-"""Extra copies for hot models (pure): add one when routers report bounded-load overflow, drop one after a
-quiet period.
+"""Copies by demand (pure): add one when routers report bounded-load overflow, drop one after a quiet
+period; between the spec's ``min_replicas`` and ``max_replicas`` (0: ``replicas``), starting at ``replicas``.
 
 Rule: each new overflow report (a router's report with ``overflow > 0`` whose ``at`` differs from the last one
 seen from that router: each router's clock is compared only with itself) adds one copy, up to the spec's
-``max_replicas``; once no overflow has been reported for ``quiet_period_s``, one extra copy goes, then
-another after the next quiet period, so a model that cools down shrinks step by step, never all at once.
+``max_replicas``; once no overflow has been reported for ``quiet_period_s``, one copy goes, then another
+after the next quiet period, down to ``min_replicas``, so a model that cools down shrinks step by step,
+never all at once. ``update`` returns each model's copies above (or, below 0, under) ``replicas``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ class HotCopies:
     def update(self, view: ClusterView) -> dict[str, int]:
         for model, spec in view.specs.items():
             room = max(0, spec.max_replicas - spec.replicas)
-            extra = min(self._extra.get(model, 0), room)
+            floor = spec.min_replicas - spec.replicas if 0 < spec.min_replicas < spec.replicas else 0
+            extra = max(floor, min(self._extra.get(model, 0), room))
             reports = view.demand.get(model, ())
             fresh = [d for d in reports if d.overflow > 0 and self._seen.get((model, d.router)) != d.at]
             for d in fresh:
@@ -33,12 +35,13 @@ class HotCopies:
                 if extra < room:
                     extra += 1
                     self._changed[model] = view.now
-            elif extra > 0 and view.now - self._changed.get(model, view.now) >= self._quiet:
+            elif extra > floor and view.now - self._changed.setdefault(model, view.now) >= self._quiet:
                 extra -= 1
                 self._changed[model] = view.now
             self._extra[model] = extra
         for model in set(self._extra) - set(view.specs):
             del self._extra[model]
+            self._changed.pop(model, None)
         for key in [k for k in self._seen if k[0] not in view.specs]:
             del self._seen[key]
         return {m: n for m, n in self._extra.items() if n}

@@ -159,8 +159,8 @@ def plan(
     """The actions that move ``view`` toward its specs and traffic, and each model's status.
 
     ``in_flight``: actions under way, by kind (loads count as copies, unloads as gone); ``backoff``: no new
-    load of a key before its time; ``extra_copies``: more copies for hot models (capped by
-    ``max_replicas``).
+    load of a key before its time; ``extra_copies``: copies more (hot models, capped by ``max_replicas``)
+    or fewer (quiet ones, down to ``min_replicas``) than the spec's ``replicas``.
     """
     return _Planner(view, in_flight or {}, backoff or {}, extra_copies or {}).run()
 
@@ -317,8 +317,10 @@ class _Planner:
         return out
 
     def _with_extra(self, spec: ModelSpecDoc, base: int) -> int:
+        """``base`` copies moved by the hot-copy signal, within [min_replicas, max_replicas] (0: base)."""
         cap = spec.max_replicas or base  # max_replicas 0: no extra copies
-        return max(base, min(base + max(0, self.extra.get(spec.model, 0)), cap))
+        floor = spec.min_replicas if 0 < spec.min_replicas < base else base
+        return max(floor, min(base + self.extra.get(spec.model, 0), cap))
 
     def _demanded(self, model: str, in_play: set[str]) -> bool:
         """A load-on-demand model is wanted once asked for, and stays while it has copies (the router

@@ -7,8 +7,12 @@ Invariants:
   as a copy gone, not as one running.
 - Every action is idempotent (a worker's Load of a loaded version, a Resume of a RUNNING one, a delete
   guarded by revision), so a new leader can replay whatever the last one was doing: all state is in etcd.
-- A failed action backs off per replica (doubling to a maximum), is logged and counted; its error is
-  published in the model's status until an action on that model succeeds. The loop itself never dies.
+- A failed action backs off per replica (doubling to a maximum), is logged and counted. A load that failed
+  for a reason retrying cannot mend (the model is not in the repository, its model.yaml is invalid, its
+  key is wrong) is published as the model's error until an action on that model succeeds; one that
+  another worker may not hit (the worker died or was full, a timeout) is published as ``retrying`` only:
+  the planner places the copy elsewhere meanwhile (the failed worker is in backoff for it), and LoadModel
+  keeps waiting. The loop itself never dies.
 - A canary rollback (``RollbackCanary``) rewrites the traffic key by compare-and-swap on the mod revision
   the round was planned from: if an operator wrote the key meanwhile, the rollback is skipped and the
   next round decides again from what they wrote.
@@ -59,7 +63,12 @@ from mcpcore.keys import Keyspace, ReplicaId
 from mcpcore.lifecycle import ReplicaLifecycle, ReplicaState
 from mcpcore.store import Compare, Delete, Put, Store
 
-__all__ = ["Reconciler"]
+__all__ = ["PERMANENT_LOAD_ERRORS", "Reconciler"]
+
+#: Load failures that another try (or another worker, with the same repository) cannot mend.
+PERMANENT_LOAD_ERRORS = frozenset(
+    {"NOT_FOUND", "INVALID_ARGUMENT", "PERMISSION_DENIED", "DATA_LOSS", "UNIMPLEMENTED"}
+)
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +104,7 @@ class Reconciler:
         self._kinds: dict[ReplicaKey, InFlight] = {}  # the replica actions among them, by kind
         self._backoff: dict[tuple[str, str, str], tuple[float, float]] = {}  # key -> (until, delay)
         self._errors: dict[str, tuple[str, str, float]] = {}  # model -> (code, message, at)
+        self._retrying: dict[str, str] = {}  # model -> the last load failure that is retried elsewhere
         self._published: dict[str, tuple[bytes | None, int]] = {}  # model -> (doc written, revision)
         self._published_generation = 0
         self._slots = asyncio.Semaphore(config.max_parallel_actions)
@@ -182,6 +192,7 @@ class Reconciler:
                     self._backoff.pop(action.key, None)
                 if isinstance(action, LoadReplica):
                     self._errors.pop(action.model, None)
+                    self._retrying.pop(action.model, None)
 
     async def _write(self, fence: Fence, op: Put | Delete, what: str) -> int:
         """One etcd write as the leader: the revision written, or 0 (counted) once another leads."""
@@ -276,11 +287,11 @@ class Reconciler:
         delay = min(delay * 2, self._config.retry_backoff_max_s)
         self._backoff[key] = (self._clock() + delay, delay)
         if isinstance(action, LoadReplica):
-            self._errors[action.model] = (
-                code,
-                f"{action.model}/{action.version} on {action.worker}: {message}",
-                self._clock(),
-            )
+            where = f"{action.model}/{action.version} on {action.worker}: {message}"
+            if code in PERMANENT_LOAD_ERRORS:
+                self._errors[action.model] = (code, where, self._clock())
+            else:
+                self._retrying[action.model] = f"{where}; retrying (elsewhere if another worker fits)"
 
     # -- status ----------------------------------------------------------------------------------------
     async def _publish_status(
@@ -326,6 +337,8 @@ class Reconciler:
         failure = self._errors.get(model)
         if failure is not None and not doc["error"]:
             doc.update(error_code=failure[0], error=failure[1])
+        if model in self._retrying:
+            doc["retrying"] = self._retrying[model]
         rejected = self._state.rejections.get(self._keys.model_traffic(model))
         if rejected:
             doc["traffic_rejected"] = rejected

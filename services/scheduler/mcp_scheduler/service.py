@@ -6,7 +6,9 @@ Invariants:
   leader or standby, can serve the API.
 - Calls that wait (LoadModel, UnloadModel, Pause/Resume) wait on the state mirror (watch-fed, no polling
   of etcd) until the published status says done, failed, or the caller's deadline is near. A LoadModel
-  that fails for a model it created removes that model's spec again, so a failed load leaves nothing behind.
+  that fails for a model it created removes that model's spec again, so a failed load leaves nothing
+  behind; one that runs out of time keeps it (the load goes on in the background, as its message says).
+  A load failure that is retried elsewhere (status ``retrying``) is not a failure: the call waits on.
 """
 
 from __future__ import annotations
@@ -121,6 +123,8 @@ class ControlService:
                 timeout_s=timeout_s,
                 what=f"load of {spec.model}",
             )
+        except DeadlineExceeded:
+            raise  # the load goes on in the background (the message says so): the spec stays
         except Exception:
             if created:  # a failed load of a new model leaves nothing behind
                 await self._store.txn([Compare(key, revision)], [Delete(key)])
@@ -223,6 +227,21 @@ class ControlService:
         await self._store.put(self._keys.drain(worker), json.dumps(doc).encode())
         return sorted(view.replicas_on(worker), key=lambda r: r.key)
 
+    async def undrain(self, worker: str) -> str:
+        """End a drain; returns its recorded reason. ``NotFound`` when the worker is not drained."""
+        check_name(worker, "worker id")
+        key = self._keys.drain(worker)
+        kv = await self._store.get(key)
+        if kv is None:
+            raise NotFound(f"worker {worker} is not drained")
+        result = await self._store.txn([Compare(key, kv.mod_revision)], [Delete(key)])
+        if not result.succeeded:
+            raise FailedPrecondition(f"the drain of {worker} changed meanwhile; retry")
+        try:
+            return str(json.loads(kv.value).get("reason", ""))
+        except (ValueError, AttributeError):
+            return ""
+
     # -- helpers ---------------------------------------------------------------------------------------
     async def _update_spec(self, model: str, change: Callable[[ModelSpecDoc | None], ModelSpecDoc]) -> int:
         """Read-modify-write of a spec by compare-and-swap; returns the revision written."""
@@ -276,6 +295,8 @@ class ControlService:
             left = deadline - time.monotonic()
             if left <= 0:
                 pending = doc.get("pending") or "no progress reported yet"
+                if doc.get("retrying"):
+                    pending = f"{pending}; last failure: {doc['retrying']}"
                 raise DeadlineExceeded(
                     f"{what} did not finish in time ({pending}); it goes on in the background"
                 )

@@ -177,6 +177,9 @@ class ModelControlV2(control_pb2_grpc.ModelControlServicer):
         replicas = await self._s.drain(request.worker_id, request.reason)
         return control_pb2.DrainResponse(replicas=[replica_to_proto(r) for r in replicas])
 
+    async def Undrain(self, request, context):  # type: ignore[no-untyped-def]
+        return control_pb2.UndrainResponse(reason=await self._s.undrain(request.worker_id))
+
     async def WatchModels(self, request, context) -> AsyncIterator[control_pb2.ModelEvent]:  # type: ignore[no-untyped-def]
         wanted = set(request.models)
         sub = self._state.subscribe()

@@ -198,3 +198,15 @@ class DrainResponse(_message.Message):
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     replicas: _containers.RepeatedCompositeFieldContainer[_model_pb2.ReplicaStatus]
     def __init__(self, replicas: _Optional[_Iterable[_Union[_model_pb2.ReplicaStatus, _Mapping]]] = ...) -> None: ...
+
+class UndrainRequest(_message.Message):
+    __slots__ = ("worker_id",)
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
+
+class UndrainResponse(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...

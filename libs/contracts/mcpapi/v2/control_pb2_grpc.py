@@ -90,6 +90,11 @@ class ModelControlStub:
                 request_serializer=mcpapi_dot_v2_dot_control__pb2.DrainRequest.SerializeToString,
                 response_deserializer=mcpapi_dot_v2_dot_control__pb2.DrainResponse.FromString,
                 _registered_method=True)
+        self.Undrain = channel.unary_unary(
+                '/mcpapi.v2.ModelControl/Undrain',
+                request_serializer=mcpapi_dot_v2_dot_control__pb2.UndrainRequest.SerializeToString,
+                response_deserializer=mcpapi_dot_v2_dot_control__pb2.UndrainResponse.FromString,
+                _registered_method=True)
 
 
 class ModelControlServicer:
@@ -172,7 +177,14 @@ class ModelControlServicer:
 
     def Drain(self, request, context):
         """Moves every replica off a worker (new copies RUNNING first, then the old ones unload) and places
-        nothing new on it until it registers again.
+        nothing new on it until Undrain (the drain is kept in etcd, across the worker's restarts).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Undrain(self, request, context):
+        """Ends a drain: the worker takes new replicas again. NOT_FOUND if it is not drained.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -235,6 +247,11 @@ def add_ModelControlServicer_to_server(servicer, server):
                     servicer.Drain,
                     request_deserializer=mcpapi_dot_v2_dot_control__pb2.DrainRequest.FromString,
                     response_serializer=mcpapi_dot_v2_dot_control__pb2.DrainResponse.SerializeToString,
+            ),
+            'Undrain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Undrain,
+                    request_deserializer=mcpapi_dot_v2_dot_control__pb2.UndrainRequest.FromString,
+                    response_serializer=mcpapi_dot_v2_dot_control__pb2.UndrainResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -535,6 +552,33 @@ class ModelControl:
             '/mcpapi.v2.ModelControl/Drain',
             mcpapi_dot_v2_dot_control__pb2.DrainRequest.SerializeToString,
             mcpapi_dot_v2_dot_control__pb2.DrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Undrain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mcpapi.v2.ModelControl/Undrain',
+            mcpapi_dot_v2_dot_control__pb2.UndrainRequest.SerializeToString,
+            mcpapi_dot_v2_dot_control__pb2.UndrainResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from mcpapi.v2 import model_pb2 as mcpapi_dot_v2_dot_model__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16mcpapi/v2/health.proto\x12\tmcpapi.v2\x1a\x15mcpapi/v2/model.proto\"\x16\n\x14\x43lusterHealthRequest\"\x8e\x01\n\x0cWorkerHealth\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x61live\x18\x02 \x01(\x08\x12\x18\n\x10heartbeat_age_ms\x18\x03 \x01(\x04\x12\x1b\n\x13last_active_unix_ms\x18\x04 \x01(\x03\x12\x10\n\x08replicas\x18\x05 \x01(\r\x12\x13\n\x0bqueue_depth\x18\x06 \x01(\r\"A\n\nStateCount\x12$\n\x05state\x18\x01 \x01(\x0e\x32\x15.mcpapi.v2.ModelState\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"\xb5\x01\n\x15\x43lusterHealthResponse\x12(\n\x07workers\x18\x01 \x03(\x0b\x32\x17.mcpapi.v2.WorkerHealth\x12\x30\n\x11replicas_by_state\x18\x02 \x03(\x0b\x32\x15.mcpapi.v2.StateCount\x12)\n\x08\x62reakers\x18\x03 \x03(\x0b\x32\x17.mcpapi.v2.BreakerState\x12\x15\n\ras_of_unix_ms\x18\x04 \x01(\x03\x32\\\n\x06Health\x12R\n\rClusterHealth\x12\x1f.mcpapi.v2.ClusterHealthRequest\x1a .mcpapi.v2.ClusterHealthResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16mcpapi/v2/health.proto\x12\tmcpapi.v2\x1a\x15mcpapi/v2/model.proto\"\x16\n\x14\x43lusterHealthRequest\"\xb1\x01\n\x0cWorkerHealth\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x61live\x18\x02 \x01(\x08\x12\x18\n\x10heartbeat_age_ms\x18\x03 \x01(\x04\x12\x1b\n\x13last_active_unix_ms\x18\x04 \x01(\x03\x12\x10\n\x08replicas\x18\x05 \x01(\r\x12\x13\n\x0bqueue_depth\x18\x06 \x01(\r\x12\x0f\n\x07\x64rained\x18\x07 \x01(\t\x12\x10\n\x08stopping\x18\x08 \x01(\x08\"A\n\nStateCount\x12$\n\x05state\x18\x01 \x01(\x0e\x32\x15.mcpapi.v2.ModelState\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"\xb5\x01\n\x15\x43lusterHealthResponse\x12(\n\x07workers\x18\x01 \x03(\x0b\x32\x17.mcpapi.v2.WorkerHealth\x12\x30\n\x11replicas_by_state\x18\x02 \x03(\x0b\x32\x15.mcpapi.v2.StateCount\x12)\n\x08\x62reakers\x18\x03 \x03(\x0b\x32\x17.mcpapi.v2.BreakerState\x12\x15\n\ras_of_unix_ms\x18\x04 \x01(\x03\x32\\\n\x06Health\x12R\n\rClusterHealth\x12\x1f.mcpapi.v2.ClusterHealthRequest\x1a .mcpapi.v2.ClusterHealthResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,11 +35,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CLUSTERHEALTHREQUEST']._serialized_start=60
   _globals['_CLUSTERHEALTHREQUEST']._serialized_end=82
   _globals['_WORKERHEALTH']._serialized_start=85
-  _globals['_WORKERHEALTH']._serialized_end=227
-  _globals['_STATECOUNT']._serialized_start=229
-  _globals['_STATECOUNT']._serialized_end=294
-  _globals['_CLUSTERHEALTHRESPONSE']._serialized_start=297
-  _globals['_CLUSTERHEALTHRESPONSE']._serialized_end=478
-  _globals['_HEALTH']._serialized_start=480
-  _globals['_HEALTH']._serialized_end=572
+  _globals['_WORKERHEALTH']._serialized_end=262
+  _globals['_STATECOUNT']._serialized_start=264
+  _globals['_STATECOUNT']._serialized_end=329
+  _globals['_CLUSTERHEALTHRESPONSE']._serialized_start=332
+  _globals['_CLUSTERHEALTHRESPONSE']._serialized_end=513
+  _globals['_HEALTH']._serialized_start=515
+  _globals['_HEALTH']._serialized_end=607
 # @@protoc_insertion_point(module_scope)

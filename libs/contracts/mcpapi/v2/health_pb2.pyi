@@ -12,20 +12,24 @@ class ClusterHealthRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerHealth(_message.Message):
-    __slots__ = ("worker_id", "alive", "heartbeat_age_ms", "last_active_unix_ms", "replicas", "queue_depth")
+    __slots__ = ("worker_id", "alive", "heartbeat_age_ms", "last_active_unix_ms", "replicas", "queue_depth", "drained", "stopping")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_AGE_MS_FIELD_NUMBER: _ClassVar[int]
     LAST_ACTIVE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_FIELD_NUMBER: _ClassVar[int]
+    STOPPING_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     alive: bool
     heartbeat_age_ms: int
     last_active_unix_ms: int
     replicas: int
     queue_depth: int
-    def __init__(self, worker_id: _Optional[str] = ..., alive: _Optional[bool] = ..., heartbeat_age_ms: _Optional[int] = ..., last_active_unix_ms: _Optional[int] = ..., replicas: _Optional[int] = ..., queue_depth: _Optional[int] = ...) -> None: ...
+    drained: str
+    stopping: bool
+    def __init__(self, worker_id: _Optional[str] = ..., alive: _Optional[bool] = ..., heartbeat_age_ms: _Optional[int] = ..., last_active_unix_ms: _Optional[int] = ..., replicas: _Optional[int] = ..., queue_depth: _Optional[int] = ..., drained: _Optional[str] = ..., stopping: _Optional[bool] = ...) -> None: ...
 
 class StateCount(_message.Message):
     __slots__ = ("state", "count")
