@@ -42,7 +42,8 @@ from mempool_bench import bench_mempool  # noqa: E402
 from ring_bench import bench_ring  # noqa: E402
 from router_bench import bench_e2e, bench_transport  # noqa: E402
 from router_pick_bench import bench_router_pick  # noqa: E402
-from scheduler_bench import bench_load_to_running, bench_reconcile  # noqa: E402
+from scheduler_bench import bench_load_to_running  # noqa: E402
+from scheduler_scale_bench import bench_scheduler_scale  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results.json"
 
@@ -121,7 +122,7 @@ def bench_batching(repo: Path, seconds: float) -> dict[str, float]:
 BENCHES: dict[str, Callable[[Path, float], dict[str, float]]] = {
     "model_yaml": bench_model_yaml,
     "batching": bench_batching,
-    "reconcile": bench_reconcile,
+    "scheduler_scale": bench_scheduler_scale,
     "load_to_running": bench_load_to_running,
     "ring": bench_ring,
     "router_pick": bench_router_pick,

@@ -1,9 +1,10 @@
-"""Scheduler figures for ``make bench``: reconcile time at scale, and LoadModel -> RUNNING latency."""
+"""Scheduler figure for ``make bench``: LoadModel -> RUNNING latency, through the scheduler vs direct.
+
+(Reconcile at scale is ``scheduler_scale_bench.py``: real scheduler processes, not the planner alone.)
+"""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import statistics
 import sys
 import tempfile
@@ -13,77 +14,11 @@ from pathlib import Path
 
 import grpc
 
-from mcp_scheduler import docs
-from mcp_scheduler.plan import LoadReplica, plan
-from mcp_scheduler.state import ClusterState
-from mcp_scheduler.view import ModelSpecDoc
 from mcpapi.v2 import control_pb2, control_pb2_grpc, model_pb2, worker_pb2
 from mcpclient.localetcd import EtcdServer
-from mcpcore.etcd_store import EtcdStore
-from mcpcore.keys import Keyspace
-from mcpcore.lifecycle import ReplicaRecord, ReplicaState
 
 ROOT = Path(__file__).resolve().parents[1]
 GiB, MiB = 1 << 30, 1 << 20
-
-
-async def _fill(store: EtcdStore, keys: Keyspace, models: int, workers: int) -> None:
-    for w in range(workers):
-        record = {"worker_id": f"w{w}", "grpc": f"127.0.0.1:{20000 + w}", "zmq": "tcp://127.0.0.1:1",
-                  "memory_capacity_bytes": 64 * GiB, "labels": {}}  # fmt: skip
-        await store.put(keys.worker(f"w{w}"), json.dumps(record).encode())
-        await store.put(
-            keys.worker_load(f"w{w}"), json.dumps({"stopped": "", "last_beat": time.time()}).encode()
-        )
-    for m in range(models):
-        spec = ModelSpecDoc(model=f"m{m:04d}", versions=("1",), replicas=1, memory_bytes=100 * MiB)
-        await store.put(keys.model_spec(spec.model), docs.spec_to_json(spec))
-
-
-async def _round(store: EtcdStore, keys: Keyspace) -> tuple[float, int]:
-    started = time.perf_counter()
-    state = ClusterState(store, keys)
-    await state.start()
-    result = plan(state.view())
-    elapsed = time.perf_counter() - started
-    await state.stop()
-    return elapsed, len(result.actions)
-
-
-async def _reconcile(endpoint: str, models: int, workers: int) -> dict[str, float]:
-    keys = Keyspace(f"/bench{uuid.uuid4().hex[:6]}/mcp")
-    async with EtcdStore([endpoint]) as store:
-        await _fill(store, keys, models, workers)
-        first_s, actions = await _round(store, keys)
-        # converge as a perfect cluster would: every planned load RUNNING, every routing published
-        state = ClusterState(store, keys)
-        await state.start()
-        for action in plan(state.view()).actions:
-            if isinstance(action, LoadReplica):
-                record = ReplicaRecord(ReplicaState.RUNNING, time.time(), info={"memory_bytes": 100 * MiB})
-                await store.put(keys.replica(action.model, action.version, action.worker), record.to_json())
-        await state.stop()
-        for m in range(models):
-            await store.put(keys.model_routing(f"m{m:04d}"), b'{"stable": "1"}')
-        steady_s, steady_actions = await _round(store, keys)
-    print(
-        f"reconcile, {models} models on {workers} workers (etcd list + view + plan): first round "
-        f"{first_s:.3f} s ({actions} actions), converged round {steady_s:.3f} s ({steady_actions} actions)"
-    )
-    return {
-        "reconcile_1000_models_s": round(first_s, 4),
-        "reconcile_1000_models_steady_s": round(steady_s, 4),
-    }
-
-
-def bench_reconcile(repo: Path, seconds: float) -> dict[str, float]:
-    with tempfile.TemporaryDirectory() as tmp:
-        etcd = EtcdServer(Path(tmp) / "etcd")
-        etcd.start()
-        try:
-            return asyncio.run(_reconcile(etcd.endpoint, 1000, 10))
-        finally:
-            etcd.stop()
 
 
 def bench_load_to_running(repo: Path, seconds: float) -> dict[str, float]:

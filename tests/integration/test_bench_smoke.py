@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# the multi-process figures (e2e, failover, load_to_running) drive the same harness as the router, health
-# and scheduler integration tests; here only the in-process ones run, to keep the suite fast
-FAST = ["model_yaml", "batching", "reconcile", "ring", "transport"]
+# the multi-process figures (e2e, failover, load_to_running, scheduler_scale) drive the same harness as the
+# router, health and scheduler integration tests (test_scheduler_scale runs a small scale_run); here only
+# the in-process ones run, to keep the suite fast
+FAST = ["model_yaml", "batching", "ring", "transport"]
 
 
 def test_bench_writes_named_figures(tmp_path):
@@ -34,7 +35,6 @@ def test_bench_writes_named_figures(tmp_path):
     for name in (
         "model_yaml_parse_ms",
         "batching_speedup_c64",
-        "reconcile_1000_models_s",
         "ring_lookup_speedup_vs_article",
         "ring_bounded_max_over_mean",
         "zmq_vs_grpc_16mib",

@@ -1,6 +1,7 @@
 """The reconcile planner, round by round: loads, starts, safe flips, failures, drains, scale and demand."""
 
 from collections import Counter
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -82,7 +83,7 @@ def test_all_running_publishes_routing_then_nothing():
     p = plan(view)
     assert brief(p) == [("route", "m", TrafficDoc("1"))]
     assert p.status["m"] == ModelStatus("m", {"1": (2, 2)})
-    steady = ClusterView(**{**view.__dict__, "routing": {"m": TrafficDoc("1")}})
+    steady = replace(view, routing={"m": TrafficDoc("1")})
     assert plan(steady).actions == ()
 
 
@@ -427,7 +428,7 @@ def _apply(view, p):
             replicas[key] = ReplicaInfo(*key, state, view.now)
         else:
             del replicas[key]
-    return ClusterView(**{**view.__dict__, "replicas": replicas, "routing": routing, "now": view.now + 1})
+    return replace(view, replicas=replicas, routing=routing, now=view.now + 1)
 
 
 @settings(max_examples=300, deadline=None)
@@ -452,3 +453,29 @@ def test_a_record_of_an_earlier_incarnation_is_forgotten_and_not_a_copy():
     assert p.status["m"].versions == {"1": (0, 1)}  # not a copy: the next round places one again
     current = ReplicaInfo("m", "1", "w1", S.RUNNING, 0.0, revision=9, incarnation="new")
     assert not [a for a in plan(cluster([now], [current], [spec()])).actions if isinstance(a, ForgetReplica)]
+
+
+# --- batches: a plan of some models, and a bounded one ----------------------------------------------------
+def test_a_plan_of_some_models_touches_only_them():
+    view = ClusterView(
+        now=NOW,
+        workers={"w1": WorkerInfo("w1", "g", "z", 10 * GiB)},
+        specs={m: ModelSpecDoc(m, ("1",), memory_bytes=GiB) for m in ("a", "b")},
+        replicas={("gone", "1", "w9"): ReplicaInfo("gone", "1", "w9", S.RUNNING, NOW)},
+    )
+    p = plan(view, models=["a"])
+    assert {a.model for a in p.actions} == {"a"} and set(p.status) == {"a"}
+    assert {a.model for a in plan(view).actions} == {"a", "b", "gone"}  # all: b placed, gone's forgotten
+
+
+def test_a_placement_budget_defers_the_rest_of_the_batch_and_nothing_of_it_is_lost():
+    view = ClusterView(
+        now=NOW,
+        workers={"w1": WorkerInfo("w1", "g", "z", 10 * GiB)},
+        specs={m: ModelSpecDoc(m, ("1",), memory_bytes=GiB) for m in ("a", "b", "c")},
+    )
+    p = plan(view, placement_budget=2)
+    assert p.deferred == ("c",)  # in priority, then name, order: a and b were placed
+    assert {a.model for a in p.actions if isinstance(a, LoadReplica)} == {"a", "b"}
+    assert "c" not in p.status  # no status for a model not planned
+    assert [a.model for a in plan(view, models=p.deferred, placement_budget=2).actions] == ["c"]

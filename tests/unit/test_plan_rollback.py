@@ -1,5 +1,7 @@
 """Automatic canary rollback (DESIGN.md 7): a wanted canary goes while the model's breaker is above 0."""
 
+from dataclasses import replace
+
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -170,7 +172,7 @@ def _apply(v, p):
                 replicas[key] = ReplicaInfo(*key, S.RUNNING, NOW)
             else:
                 replicas.pop(key, None)
-    return ClusterView(**{**v.__dict__, "replicas": replicas, "routing": routing, "traffic": traffic})
+    return replace(v, replicas=replicas, routing=routing, traffic=traffic)
 
 
 @settings(max_examples=200, deadline=None)

@@ -25,8 +25,13 @@ class SchedulerConfig:
     etcd_timeout_s: float = 5.0
     #: Leader lease: a standby takes over within about this long after the leader dies.
     leader_ttl_s: int = 5
-    #: The reconcile loop runs on every change, and at least this often.
+    #: Models are reconciled as they change; this often, what time alone changes is looked at (backoffs
+    #: ending, hot copies going quiet, forced breaker levels expiring).
     reconcile_interval_s: float = 2.0
+    #: A full pass over every model, whether it changed or not (the safety net under the change feed).
+    resync_interval_s: float = 30.0
+    #: Models planned at once: the event loop is held for one batch (a few milliseconds), then yielded.
+    batch_size: int = 100
     #: Calls to workers (a Load waits for the model to load and warm up).
     worker_timeout_s: float = 60.0
     #: After a failed action on a replica, wait this long (doubling up to the max) before trying again.
@@ -45,5 +50,9 @@ class SchedulerConfig:
             raise ValueError(f"reconcile_interval_s: must be > 0, got {self.reconcile_interval_s}")
         if not 0 < self.retry_backoff_s <= self.retry_backoff_max_s:
             raise ValueError("retry_backoff_s: must be > 0 and <= retry_backoff_max_s")
+        if self.resync_interval_s <= 0:
+            raise ValueError(f"resync_interval_s: must be > 0, got {self.resync_interval_s}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
         if self.max_parallel_actions < 1:
             raise ValueError(f"max_parallel_actions: must be >= 1, got {self.max_parallel_actions}")

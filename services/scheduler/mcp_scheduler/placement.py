@@ -17,6 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -54,9 +55,20 @@ def replica_bytes(view: ClusterView, replica: ReplicaInfo) -> int:
     return spec.memory_bytes if spec is not None else 0
 
 
-def free_bytes(view: ClusterView, worker: WorkerInfo, reserved: Mapping[str, int] | None = None) -> int:
-    used = sum(replica_bytes(view, r) for r in view.replicas_on(worker.id))
-    return worker.capacity_bytes - used - (reserved or {}).get(worker.id, 0)
+def free_bytes(
+    view: ClusterView,
+    worker: WorkerInfo,
+    reserved: Mapping[str, int] | None = None,
+    used: Mapping[str, int] | None = None,
+) -> int:
+    """Capacity less recorded replicas (``used``: their sum per worker, when the caller has it) and
+    ``reserved``."""
+    held = (
+        used[worker.id]
+        if used is not None
+        else sum(replica_bytes(view, r) for r in view.replicas_on(worker.id))
+    )
+    return worker.capacity_bytes - held - (reserved if reserved is not None else {}).get(worker.id, 0)
 
 
 def unloading_bytes(view: ClusterView, worker: str) -> int:
@@ -82,17 +94,18 @@ def place(
     labels: Mapping[str, str],
     exclude: Iterable[str] = (),
     reserved: Mapping[str, int] | None = None,
+    used: Mapping[str, int] | None = None,
 ) -> Placement:
     """Up to ``count`` workers for new copies of ``model``/``version``, evictions that would make room for
-    the rest, and a shortfall message for what neither covers."""
+    the rest, and a shortfall message for what neither covers. ``used``: memory held per worker by its
+    recorded replicas, if the caller keeps it (else summed here)."""
     if count <= 0:
         return Placement()
     ask = _Ask(model, version, need_bytes, priority, labels, frozenset(exclude))
-    eligible = [w for w in view.workers.values() if _why_not(view, w, ask) is None]
-    free = {w.id: free_bytes(view, w, reserved) for w in eligible}
-    holders = {r.worker for r in view.replicas.values() if r.model == model}
-    fits = sorted((w for w in free if free[w] >= need_bytes), key=lambda w: (w in holders, -free[w], w))
-    chosen = fits[:count]
+    free = _eligible_free(view, ask, reserved if reserved is not None else {}, used)
+    holders = {r.worker for r in view.replicas_of(model)}
+    fits = (w for w in free if free[w] >= need_bytes)
+    chosen = heapq.nsmallest(count, fits, key=lambda w: (w in holders, -free[w], w))
     if len(chosen) == count:
         return Placement(workers=chosen)
     soon = {w: f + unloading_bytes(view, w) for w, f in free.items() if w not in chosen}
@@ -120,6 +133,26 @@ class _Ask:
     priority: int
     labels: Mapping[str, str]
     excluded: frozenset[str]
+
+
+def _eligible_free(
+    view: ClusterView, ask: _Ask, reserved: Mapping[str, int], used: Mapping[str, int] | None
+) -> dict[str, int]:
+    """Free bytes of every worker ``_why_not`` accepts (the same rules, inlined: it runs per worker per
+    copy placed, the planner's hottest loop)."""
+    labels = tuple(ask.labels.items())
+    replicas, excluded = view.replicas, ask.excluded
+    free: dict[str, int] = {}
+    for w in view.workers.values():
+        if w.stopped or w.draining or w.id in excluded:
+            continue
+        if labels and any(w.labels.get(k) != v for k, v in labels):
+            continue
+        if (ask.model, ask.version, w.id) in replicas:
+            continue
+        held = used[w.id] if used is not None else sum(replica_bytes(view, r) for r in view.replicas_on(w.id))
+        free[w.id] = w.capacity_bytes - held - reserved.get(w.id, 0)
+    return free
 
 
 def _why_not(view: ClusterView, w: WorkerInfo, ask: _Ask) -> str | None:

@@ -3,6 +3,10 @@
 Invariants:
 - Pure and deterministic: the same inputs give the same ``Plan``; actions are sorted by model, version,
   worker (a model's ``PublishRouting`` after its replica actions, its ``RollbackCanary`` last).
+- ``models`` names the models to plan (default: every model the view knows); only their records are
+  forgotten, only they get status, and only their copies are added or removed (an eviction may still
+  unload another model's replica to make room). Planning a batch costs what its models have plus, per
+  copy to place, one pass over the workers: never a scan of every replica in the cluster.
 - At most one action per replica key, and none for a key with an action in flight (``in_flight`` names
   each one's kind). Never a ``LoadReplica`` onto a worker that is dead, stopped or draining, nor past a
   worker's memory (placement counts recorded replicas, loads in flight and the loads planned earlier in
@@ -30,11 +34,11 @@ Invariants:
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from mcp_scheduler.placement import place
+from mcp_scheduler.placement import place, replica_bytes
 from mcp_scheduler.view import ClusterView, ModelSpecDoc, ReplicaInfo, ReplicaKey, TrafficDoc
 from mcpcore.lifecycle import ReplicaState
 
@@ -42,6 +46,7 @@ __all__ = [
     "Action",
     "ForgetReplica",
     "InFlight",
+    "InFlightActions",
     "LoadReplica",
     "ModelStatus",
     "PauseReplica",
@@ -130,6 +135,51 @@ def kind_of(action: ReplicaAction) -> InFlight:
     return _KINDS[type(action)]
 
 
+class InFlightActions(Mapping[ReplicaKey, InFlight]):
+    """Replica actions under way by key, indexed by (model, version) and by worker, so a plan of a few
+    models reads what concerns them, not every action in flight (the reconciler keeps one up to date)."""
+
+    def __init__(self, items: Mapping[ReplicaKey, InFlight] | None = None) -> None:
+        self._kinds: dict[ReplicaKey, InFlight] = {}
+        self._by_mv: dict[tuple[str, str], dict[str, InFlight]] = {}
+        self._by_worker: dict[str, dict[ReplicaKey, InFlight]] = {}
+        for key, kind in (items or {}).items():
+            self.set(key, kind)
+
+    def __getitem__(self, key: ReplicaKey) -> InFlight:
+        return self._kinds[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._kinds
+
+    def __iter__(self) -> Iterator[ReplicaKey]:
+        return iter(self._kinds)
+
+    def __len__(self) -> int:
+        return len(self._kinds)
+
+    def set(self, key: ReplicaKey, kind: InFlight) -> None:
+        self._kinds[key] = kind
+        self._by_mv.setdefault(key[:2], {})[key[2]] = kind  # type: ignore[index]
+        self._by_worker.setdefault(key[2], {})[key] = kind
+
+    def discard(self, key: ReplicaKey) -> None:
+        if self._kinds.pop(key, None) is None:
+            return
+        for index, sub, item in ((self._by_mv, key[:2], key[2]), (self._by_worker, key[2], key)):
+            entries = index[sub]  # type: ignore[index]
+            del entries[item]  # type: ignore[arg-type]
+            if not entries:
+                del index[sub]  # type: ignore[arg-type]
+
+    def of(self, model: str, version: str) -> Mapping[str, InFlight]:
+        """Workers with an action in flight on ``model``/``version``, and its kind."""
+        return self._by_mv.get((model, version), {})
+
+    def on(self, worker: str) -> Mapping[ReplicaKey, InFlight]:
+        return self._by_worker.get(worker, {})
+
+
 _KINDS.update({LoadReplica: "load", StartReplica: "start", PauseReplica: "pause", UnloadReplica: "unload",
                ForgetReplica: "forget"})  # fmt: skip
 
@@ -147,22 +197,118 @@ class ModelStatus:
 class Plan:
     actions: tuple[Action, ...]
     status: Mapping[str, ModelStatus]
+    deferred: tuple[str, ...] = ()  # models not planned: the placement budget ran out before them
 
 
 def plan(
     view: ClusterView,
     *,
+    models: Collection[str] | None = None,
     in_flight: Mapping[ReplicaKey, InFlight] | None = None,
     backoff: Mapping[ReplicaKey, float] | None = None,
     extra_copies: Mapping[str, int] | None = None,
+    placement_budget: int | None = None,
 ) -> Plan:
-    """The actions that move ``view`` toward its specs and traffic, and each model's status.
+    """The actions that move ``models`` of ``view`` (default: all) toward their specs and traffic, and their
+    status.
 
     ``in_flight``: actions under way, by kind (loads count as copies, unloads as gone); ``backoff``: no new
     load of a key before its time; ``extra_copies``: copies more (hot models, capped by ``max_replicas``)
-    or fewer (quiet ones, down to ``min_replicas``) than the spec's ``replicas``.
+    or fewer (quiet ones, down to ``min_replicas``) than the spec's ``replicas``; ``placement_budget``:
+    once this many placements (each a pass over the workers) are done, the models not yet planned are
+    ``deferred`` (no actions, no status), so one plan's cost stays bounded.
     """
-    return _Planner(view, in_flight or {}, backoff or {}, extra_copies or {}).run()
+    chosen = view.models() if models is None else set(models)
+    planner = _Planner(view, in_flight or {}, backoff or {}, extra_copies or {})
+    planner.budget = placement_budget
+    return planner.run(chosen)
+
+
+class _Replicas(Mapping[ReplicaKey, ReplicaInfo]):
+    """The view's replicas as this plan changes them (taken away, or marked UNLOADING), without a copy;
+    one with an unload (or forget) in flight reads as UNLOADING."""
+
+    def __init__(
+        self, base: Mapping[ReplicaKey, ReplicaInfo], in_flight: Mapping[ReplicaKey, InFlight]
+    ) -> None:
+        self._base = base
+        self._in_flight = in_flight
+        self._changed: dict[ReplicaKey, ReplicaInfo] = {}
+        self._gone: set[ReplicaKey] = set()
+
+    def __getitem__(self, key: ReplicaKey) -> ReplicaInfo:
+        if key in self._gone:
+            raise KeyError(key)
+        changed = self._changed.get(key)
+        if changed is not None:
+            return changed
+        r = self._base[key]
+        if r.state in HEALTHY and self._in_flight.get(key) in ("unload", "forget"):
+            r = self._changed[key] = replace(r, state=S.UNLOADING)
+        return r
+
+    def __contains__(self, key: object) -> bool:
+        return key not in self._gone and (key in self._changed or key in self._base)
+
+    def __iter__(self) -> Iterator[ReplicaKey]:
+        return (k for k in self._base if k not in self._gone)
+
+    def __len__(self) -> int:
+        return len(self._base) - len(self._gone & self._base.keys())
+
+    def __setitem__(self, key: ReplicaKey, value: ReplicaInfo) -> None:
+        self._changed[key] = value
+
+    def pop(self, key: ReplicaKey, default: None = None) -> ReplicaInfo | None:
+        value = self.get(key, default)
+        self._gone.add(key)
+        return value
+
+
+class _Reserved(Mapping[str, int]):
+    """Memory held for copies not yet recorded, per worker: loads in flight (their bytes), then what
+    this plan places or waits for (added as it goes). Every worker reads as a number (0 if none)."""
+
+    def __init__(self, planner: _Planner) -> None:
+        self._planner = planner
+        self._held: dict[str, int] = {}
+
+    def __getitem__(self, worker: str) -> int:
+        held = self._held.get(worker)
+        if held is None:
+            p = self._planner
+            held = 0
+            if worker in p.view.workers:
+                for (m, v, w), kind in p.in_flight.on(worker).items():
+                    if kind == "load" and (m, v, w) not in p.view.replicas:
+                        held += p._need_bytes(m, v)
+            self._held[worker] = held
+        return held
+
+    def __setitem__(self, worker: str, held: int) -> None:
+        self._held[worker] = held
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._held)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+
+class _Used(dict[str, int]):
+    """Memory held by recorded replicas per worker, as this plan sees them: the view's (cached across
+    plans by the state) less the stale records this plan took away (UNLOADING marks change nothing)."""
+
+    def __init__(self, view: ClusterView, gone: Mapping[str, list[ReplicaInfo]]) -> None:
+        super().__init__()
+        self._view = view
+        self._gone = gone
+
+    def __missing__(self, worker: str) -> int:
+        used = self._view.used_bytes(worker)
+        used -= sum(replica_bytes(self._view, r) for r in self._gone.get(worker, ()))
+        self[worker] = used
+        return used
 
 
 def _order(action: Action) -> tuple[str, int, int, str, str]:
@@ -182,35 +328,40 @@ class _Planner:
         extra: Mapping[str, int],
     ) -> None:
         self.view = view
-        self.in_flight = in_flight
-        self.loading = frozenset(k for k, kind in in_flight.items() if kind == "load")
+        self.in_flight = in_flight if isinstance(in_flight, InFlightActions) else InFlightActions(in_flight)
         self.backoff = backoff
         self.extra = extra
+        self.resting: dict[tuple[str, str], set[str]] = defaultdict(set)  # per (model, version): in backoff
+        for (m, v, w), until in backoff.items():
+            if until > view.now:
+                self.resting[(m, v)].add(w)
         self.actions: dict[ReplicaKey, ReplicaAction] = {}
         self.publish: list[PublishRouting | RollbackCanary] = []
         self.errors: dict[str, list[str]] = defaultdict(list)
         self.waiting: dict[str, list[str]] = defaultdict(list)
         self.status: dict[str, ModelStatus] = {}
         # evicted ones, and those an unload in flight takes away, become UNLOADING: gone for planning
-        self.replicas: dict[ReplicaKey, ReplicaInfo] = dict(view.replicas)
-        for key, kind in in_flight.items():
-            r = self.replicas.get(key)
-            if kind in ("unload", "forget") and r is not None and r.state in HEALTHY:
-                self.replicas[key] = replace(r, state=S.UNLOADING)
-        self.reserved: dict[str, int] = defaultdict(int)
-        for m, v, w in sorted(self.loading):
-            if (m, v, w) not in view.replicas and w in view.workers:
-                self.reserved[w] += self._need_bytes(m, v)
+        self.replicas = _Replicas(view.replicas, self.in_flight)
+        self.placing = view.with_replicas(self.replicas)  # what placement reads: this plan's replicas
+        self.stale: dict[str, list[ReplicaInfo]] = defaultdict(list)  # worker -> records taken away
+        self.used = _Used(view, self.stale)
+        self.reserved = _Reserved(self)
+        self.budget: int | None = None  # placements allowed (None: no limit)
+        self.placements = 0
 
-    def run(self) -> Plan:
-        self._forget()
-        for spec in sorted(self.view.specs.values(), key=lambda s: (-s.priority, s.model)):
-            self._model(spec)
-        known = {r.model for r in self.view.replicas.values()} | set(self.view.routing)
-        for model in sorted(known - set(self.view.specs)):
+    def run(self, models: set[str]) -> Plan:
+        self._forget(models)
+        specs = [self.view.specs[m] for m in models if m in self.view.specs]
+        deferred = []
+        for spec in sorted(specs, key=lambda s: (-s.priority, s.model)):
+            if self.budget is not None and self.placements >= self.budget:
+                deferred.append(spec.model)
+            else:
+                self._model(spec)
+        for model in sorted(m for m in models if m not in self.view.specs):
             self._orphan(model)
         actions = sorted([*self.actions.values(), *self.publish], key=_order)
-        return Plan(tuple(actions), dict(sorted(self.status.items())))
+        return Plan(tuple(actions), dict(sorted(self.status.items())), tuple(deferred))
 
     # -- helpers ---------------------------------------------------------------------------------------
     def _add(self, action: ReplicaAction) -> bool:
@@ -233,9 +384,8 @@ class _Planner:
         return sorted(
             (
                 r
-                for r in self.replicas.values()
-                if r.model == model and r.version == version and r.state in HEALTHY
-                if r.worker in self.view.workers
+                for r in self.placing.replicas_of(model, version)
+                if r.state in HEALTHY and r.worker in self.view.workers
             ),
             key=lambda r: r.worker,
         )
@@ -256,8 +406,9 @@ class _Planner:
             self._add(UnloadReplica(r.model, r.version, r.worker, reason))
 
     # -- records to forget -----------------------------------------------------------------------------
-    def _forget(self) -> None:
-        for key in sorted(self.view.replicas):
+    def _forget(self, models: set[str]) -> None:
+        keys = [k for m in models for k in self.view.by_model.get(m, ()) if k in self.view.replicas]
+        for key in sorted(keys):
             r = self.view.replicas[key]
             w = self.view.workers.get(r.worker)
             if w is None:
@@ -265,6 +416,7 @@ class _Planner:
             elif r.incarnation and w.incarnation and r.incarnation != w.incarnation:
                 reason = f"stale: written by an earlier process under worker id {r.worker}"
                 self.replicas.pop(key, None)  # a claim nobody holds: not a copy, not memory in use
+                self.stale[r.worker].append(r)
             elif r.state is S.ERROR:
                 reason = f"failed: {r.reason}" if r.reason else "failed"
             elif r.state is S.IDLE and key not in self.in_flight:
@@ -327,7 +479,7 @@ class _Planner:
         stops asking once a copy exists: dropping it then would make loads flap)."""
         if any(d.requests > 0 for d in self.view.demand.get(model, ())):
             return True
-        if any(m == model and v in in_play for m, v, _w in self.loading):
+        if any("load" in self.in_flight.of(model, v).values() for v in in_play):
             return True
         return any(self._copies(model, v) for v in in_play)
 
@@ -349,16 +501,19 @@ class _Planner:
     def _fill(self, spec: ModelSpecDoc, version: str, required: int) -> None:
         m = spec.model
         counted = {r.key for r in self._copies(m, version) if self._usable(r.worker)}
-        counted |= {k for k in self.loading if k[:2] == (m, version) and self._in_flight_counts(k)}
+        counted |= {
+            (m, version, w)
+            for w, kind in self.in_flight.of(m, version).items()
+            if kind == "load" and self._in_flight_counts((m, version, w))
+        }
         missing = required - len(counted)
         if missing <= 0:
             return
-        now = self.view.now
-        exclude = {k[2] for k, until in self.backoff.items() if k[:2] == (m, version) and until > now}
-        exclude |= {k[2] for k in self.in_flight if k[:2] == (m, version)}  # counted above
+        exclude = self.resting.get((m, version), set()) | set(self.in_flight.of(m, version))  # busy: counted
         need = self._need_bytes(m, version)
+        self.placements += 1
         p = place(
-            replace(self.view, replicas=self.replicas),
+            self.placing,
             m,
             version,
             count=missing,
@@ -367,6 +522,7 @@ class _Planner:
             labels=spec.labels,
             exclude=exclude,
             reserved=self.reserved,
+            used=self.used,
         )
         reason = f"{len(counted)}/{required} copies of {m}/{version}"
         for w in p.workers:

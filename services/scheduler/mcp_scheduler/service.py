@@ -13,20 +13,21 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mcp_scheduler import docs
 from mcp_scheduler.state import ClusterState
-from mcp_scheduler.view import ModelSpecDoc, ReplicaInfo, TrafficDoc
+from mcp_scheduler.view import ClusterView, ModelSpecDoc, ReplicaInfo, TrafficDoc
 from mcpcore.breaker import BreakerDoc, breaker_to_json, parse_breaker
 from mcpcore.errors import (
     DeadlineExceeded,
     FailedPrecondition,
-    InvalidArgument,
     NotFound,
     error_for_code,
 )
@@ -37,6 +38,7 @@ from mcpcore.store import Compare, Delete, Put, Store
 __all__ = ["ControlService", "ModelStatusView"]
 
 DEFAULT_WAIT_S = 60.0
+_NO_STATUS: dict[str, Any] = {}  # shared by every view of a model without a status (never changed)
 S = ReplicaState
 HEADLINE_ORDER = (S.RUNNING, S.PAUSED, S.READY, S.LOADING, S.UNLOADING, S.RECOVERING, S.ERROR, S.IDLE)
 
@@ -72,32 +74,44 @@ class ControlService:
         check_name(model, "model name")
         if version:
             check_version(version)
-        view = self._state.view()
+        return self._status(self._state.view(), model, version)
+
+    def _status(self, view: ClusterView, model: str, version: str = "") -> ModelStatusView:
         replicas = tuple(sorted(view.replicas_of(model, version or None), key=lambda r: r.key))
         spec = view.specs.get(model)
         if spec is None and not replicas:
             raise NotFound(f"model {model} is not registered; load it first")
-        raw_breaker = self._state.raw(self._keys.breaker(model))
-        breaker = None
-        if raw_breaker is not None:
-            try:
-                breaker = parse_breaker(model, raw_breaker)
-            except InvalidArgument:
-                breaker = None
+        breaker = self._state.breaker_doc(model)  # the one in force: the last good, if a write was rejected
         return ModelStatusView(
             model,
             spec,
             view.traffic.get(model),
             view.routing.get(model),
             replicas,
-            self._state.status_doc(model) or {},
+            self._state.status_doc(model) or _NO_STATUS,
             breaker,
         )
 
-    def list_models(self, prefix: str = "") -> list[ModelStatusView]:
+    def model_names(self, prefix: str = "") -> list[str]:
+        """Models with a spec or a replica record, sorted; O(models) (the state's indexes)."""
         view = self._state.view()
-        names = sorted({m for m in view.specs} | {r.model for r in view.replicas.values()})
-        return [self.status(m) for m in names if m.startswith(prefix)]
+        names = {*view.specs, *(m for m, keys in view.by_model.items() if keys)}
+        return sorted(m for m in names if m.startswith(prefix))
+
+    async def list_models(
+        self, prefix: str = "", *, chunk: int = 100
+    ) -> AsyncIterator[list[ModelStatusView]]:
+        """Every model's status, ``chunk`` models at a time: the caller yields the loop between chunks, so
+        listing 10,000 models never holds it for long."""
+        names = self.model_names(prefix)
+        for i in range(0, len(names), chunk):
+            view = self._state.view()  # one per chunk: the state may change between chunks
+            views = []
+            for m in names[i : i + chunk]:
+                with contextlib.suppress(NotFound):  # gone since the names were read
+                    views.append(self._status(view, m))
+            yield views
+            await asyncio.sleep(0)
 
     # -- loading ---------------------------------------------------------------------------------------
     async def load_model(self, spec: ModelSpecDoc, *, timeout_s: float | None = None) -> ModelStatusView:

@@ -55,4 +55,7 @@ class ModelControlV1(control_pb2_grpc.ModelControlServicer):
         )
 
     async def ListModels(self, request, context):  # type: ignore[no-untyped-def]
-        return control_pb2.ListModelsResponse(models=[_status(s) for s in self._s.list_models()])
+        response = control_pb2.ListModelsResponse()
+        async for chunk in self._s.list_models():
+            response.models.extend(_status(s) for s in chunk)
+        return response

@@ -123,6 +123,7 @@ class ModelControlV2(control_pb2_grpc.ModelControlServicer):
         self._s = service
         self._state = state
         self._keys = keys
+        self._encoded: dict[str, tuple[tuple[object, ...], bytes]] = {}  # model -> (its parts, its status)
 
     async def LoadModel(self, request, context):  # type: ignore[no-untyped-def]
         status = await self._s.load_model(spec_from_proto(request.spec), timeout_s=deadline_s(context))
@@ -138,9 +139,31 @@ class ModelControlV2(control_pb2_grpc.ModelControlServicer):
         )
 
     async def ListModels(self, request, context):  # type: ignore[no-untyped-def]
-        return control_pb2.ListModelsResponse(
-            models=[status_to_proto(s) for s in self._s.list_models(request.prefix)]
-        )
+        response = control_pb2.ListModelsResponse()
+        listed = set()
+        async for chunk in self._s.list_models(request.prefix):
+            for s in chunk:
+                response.models.add().MergeFromString(self._status_bytes(s))
+                listed.add(s.model)
+        if not request.prefix:  # forget models that are gone
+            for model in [m for m in self._encoded if m not in listed]:
+                del self._encoded[model]
+        return response
+
+    def _status_bytes(self, s: ModelStatusView) -> bytes:
+        """``status_to_proto(s)``, encoded once per change of what it is made of: the state replaces a
+        document's object whenever its etcd value changes, so the same objects mean the same status."""
+        parts = (s.spec, s.traffic, s.routing, s.status, s.breaker, *s.replicas)
+        hit = self._encoded.get(s.model)
+        if (
+            hit is not None
+            and len(hit[0]) == len(parts)
+            and all(a is b for a, b in zip(hit[0], parts, strict=True))
+        ):
+            return hit[1]
+        encoded = status_to_proto(s).SerializeToString()
+        self._encoded[s.model] = (parts, encoded)
+        return encoded
 
     async def SetTraffic(self, request, context):  # type: ignore[no-untyped-def]
         t = request.traffic
@@ -185,10 +208,11 @@ class ModelControlV2(control_pb2_grpc.ModelControlServicer):
         sub = self._state.subscribe()
         try:
             if request.initial_snapshot:
-                for status in self._s.list_models():
-                    if not wanted or status.model in wanted:
-                        for event in self._snapshot_events(status):
-                            yield event
+                async for chunk in self._s.list_models():
+                    for status in chunk:
+                        if not wanted or status.model in wanted:
+                            for event in self._snapshot_events(status):
+                                yield event
                 yield control_pb2.ModelEvent(
                     kind=control_pb2.EVENT_KIND_SYNCED, revision=self._state.revision
                 )

@@ -1,8 +1,17 @@
 """The scheduler's mirror of etcd: one list-then-watch over the mesh's prefix, turned into ``ClusterView``s.
 
 Invariants:
-- The mirror is a dict of raw values by key, updated in revision order from one watch; a view is parsed
-  from it on demand, so the planner always sees one consistent revision.
+- The mirror is a dict of raw values by key, updated in revision order from one watch. Each applied batch
+  is parsed once, as it arrives, into indexes (workers, specs, traffic, routing, replicas by key, by model
+  and by worker, demand, breakers); ``view()`` hands them out without copying, so a view costs O(1) and
+  reading one model costs what that model has. A value that does not parse is absent from the indexes.
+- A large batch (the first list, a re-list after compaction or a restore) is applied ``apply_chunk`` keys
+  per loop turn, never all at once; ``applying`` is true meanwhile (the reconciler waits for ``idle``:
+  the indexes then hold part old, part new state) and the re-list is reported with its last chunk.
+- Listeners (``listen``) hear, per applied batch, which models changed (their spec, traffic, routing,
+  replicas, demand or breaker), which models' status documents changed, which workers changed in a way
+  the planner reads (record, drain, stop; a load report that only moves the heartbeat or load figures is
+  no change), and whether the mirror listed afresh. Router stats and other keys concern no model.
 - An operator-written document that does not parse (spec, traffic, breaker) is rejected: logged, counted
   (``mcp_config_rejected_total``) and ignored, and the last good value stays in force; the rejection is kept
   so status can say why a write had no effect.
@@ -18,17 +27,26 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mcp_scheduler import docs
-from mcp_scheduler.view import ClusterView, Demand, ModelSpecDoc, ReplicaInfo, TrafficDoc, WorkerInfo
-from mcpcore.breaker import parse_breaker
+from mcp_scheduler.view import (
+    ClusterView,
+    Demand,
+    ModelSpecDoc,
+    ReplicaInfo,
+    ReplicaKey,
+    TrafficDoc,
+    WorkerInfo,
+)
+from mcpcore.breaker import BreakerDoc, parse_breaker
 from mcpcore.errors import InvalidArgument
 from mcpcore.keys import Keyspace
 from mcpcore.mirror import PrefixMirror
 from mcpcore.store import EventType, Store
 
-__all__ = ["ClusterState", "Subscription"]
+__all__ = ["Changes", "ClusterState", "Subscription"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +68,16 @@ class Subscription:
         return True
 
 
+@dataclass
+class Changes:
+    """What one applied batch changed, for the reconciler's work queue."""
+
+    models: set[str] = field(default_factory=set)  # spec, traffic, routing, replicas, demand or breaker
+    statuses: set[str] = field(default_factory=set)  # the model's published status document
+    workers: set[str] = field(default_factory=set)  # registered, gone, or changed as the planner sees it
+    reload: bool = False  # the mirror listed etcd afresh: everything may have changed
+
+
 class ClusterState:
     def __init__(
         self,
@@ -60,18 +88,41 @@ class ClusterState:
         on_error: Callable[[str], None] = lambda loop: None,
         on_applied: Callable[[float], None] = lambda seconds: None,
         clock: Callable[[], float] = time.time,
+        apply_chunk: int = 200,
     ) -> None:
         self._keys = keys
         self._on_rejected = on_rejected
+        self._on_error = on_error
         self._clock = clock
         self.mirror = PrefixMirror(
             store, keys.prefix + "/", on_change=self._changed, on_error=on_error, on_applied=on_applied,
             name="scheduler-state",
         )  # fmt: skip
         self._good: dict[str, Any] = {}  # key -> last good parsed operator document
-        self._parsed: dict[str, tuple[int, Any]] = {}  # key -> (revision, parsed): views reuse it
         self.rejections: dict[str, str] = {}  # key -> why its current value was ignored
-        self.changed = asyncio.Event()
+        # the indexes a view hands out (see the module docstring)
+        self._workers: dict[str, WorkerInfo] = {}
+        self._specs: dict[str, ModelSpecDoc] = {}
+        self._traffic: dict[str, TrafficDoc] = {}
+        self._routing: dict[str, TrafficDoc] = {}
+        self._replicas: dict[ReplicaKey, ReplicaInfo] = {}
+        self._by_model: dict[str, set[ReplicaKey]] = {}
+        self._by_worker: dict[str, set[ReplicaKey]] = {}
+        self._demand: dict[str, dict[str, Demand]] = {}
+        self._demand_view: dict[str, tuple[Demand, ...]] = {}
+        self._breakers: dict[str, BreakerDoc] = {}
+        self._statuses: set[str] = set()
+        self._used: dict[str, int] = {}  # worker -> ClusterView.used_bytes, cleared as replicas/specs change
+        self._status_docs: dict[str, tuple[int, dict[str, Any] | None]] = {}  # model -> (revision, doc)
+        self._drains: set[str] = set()
+        self._generation = 0
+        self._listeners: list[Callable[[Changes], None]] = []
+        self._apply_chunk = apply_chunk
+        self._pending: dict[str, None] = {}  # keys changed, not yet applied, in revision order
+        self._pending_reload = False
+        self._applier: asyncio.Task[None] | None = None
+        self.idle = asyncio.Event()  # set while nothing is left to apply
+        self.idle.set()
         self._waiters: set[asyncio.Future[None]] = set()
         self._subscribers: set[Subscription] = set()
 
@@ -96,8 +147,11 @@ class ClusterState:
     def unsubscribe(self, sub: Subscription) -> None:
         self._subscribers.discard(sub)
 
+    def listen(self, listener: Callable[[Changes], None]) -> None:
+        """Call ``listener`` after each applied batch with what it changed (it must not block)."""
+        self._listeners.append(listener)
+
     def _notify(self) -> None:
-        self.changed.set()
         for waiter in self._waiters:
             if not waiter.done():
                 waiter.set_result(None)
@@ -105,10 +159,20 @@ class ClusterState:
 
     # -- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
+        """List etcd and apply all of it (then watch in the background)."""
         await self.mirror.start()
+        await self.idle.wait()
+
+    @property
+    def applying(self) -> bool:
+        """A large batch (a re-list) is being applied: the indexes hold part old, part new state."""
+        return not self.idle.is_set()
 
     async def stop(self) -> None:
         await self.mirror.stop()
+        if self._applier is not None:
+            self._applier.cancel()
+            await asyncio.gather(self._applier, return_exceptions=True)
 
     @property
     def synced(self) -> asyncio.Event:
@@ -132,17 +196,161 @@ class ClusterState:
         return self.mirror.revisions
 
     def _changed(self, keys: set[str]) -> None:
+        """Apply a batch: at once when small (a watch batch), else ``apply_chunk`` keys per loop turn
+        (a list of 40,000 keys, at start or after a re-list, would hold the loop for a second)."""
         for key in sorted(keys, key=lambda k: self._revisions.get(k, self.revision)):
+            self._pending[key] = None
+        self._pending_reload |= self.mirror.generation != self._generation
+        self._generation = self.mirror.generation
+        if self._applier is not None:
+            return  # the applier running takes these too, in order
+        if len(self._pending) <= self._apply_chunk:
+            self._apply_pending()
+            return
+        self.idle.clear()
+        self._applier = asyncio.get_running_loop().create_task(
+            self._apply_all(), name="scheduler-state-apply"
+        )
+
+    async def _apply_all(self) -> None:
+        try:
+            while self._pending:
+                try:
+                    self._apply_pending()
+                except Exception:  # as the mirror does for a batch applied at once: log, count, go on
+                    self._on_error("scheduler-state_apply")
+                    log.exception("applying changed keys failed; the state goes on")
+                await asyncio.sleep(0)
+        finally:
+            self._applier = None
+            self.idle.set()
+
+    def _apply_pending(self) -> None:
+        keys = []
+        for key in self._pending:
+            if len(keys) == self._apply_chunk:
+                break
+            keys.append(key)
+        for key in keys:
+            del self._pending[key]
+        # a re-list is reported with its last chunk, once the indexes hold all of it
+        changes = Changes(reload=self._pending_reload and not self._pending)
+        if changes.reload:
+            self._pending_reload = False
+        for key in keys:
             value = self._raw.get(key)
             if value is None:
                 self._good.pop(key, None)
-                self._parsed.pop(key, None)
                 self.rejections.pop(key, None)
                 self._publish(EventType.DELETE, key, b"", self.revision)
             else:
                 self._check(key)
                 self._publish(EventType.PUT, key, value, self._revisions[key])
+            self._index(key, changes)
+        for listener in self._listeners:
+            listener(changes)
         self._notify()
+
+    # -- indexes ---------------------------------------------------------------------------------------
+    def _index(self, key: str, changes: Changes) -> None:
+        """Bring the indexes up to date with ``key``'s current value (absent, or not parsing: removed)."""
+        k = self._keys
+        raw = self._raw.get(key)
+        try:
+            if (wk := k.parse_worker_key(key)) is not None:
+                self._index_worker(wk[0], changes)
+            elif (dw := k.parse_drain_key(key)) is not None:
+                (self._drains.add if raw is not None else self._drains.discard)(dw)
+                self._index_worker(dw, changes)
+            elif (mk := k.parse_model_key(key)) is not None:
+                self._index_model(key, *mk, raw, changes)
+            elif (rid := k.parse_replica_key(key)) is not None:
+                self._index_replica((rid.model, rid.version, rid.worker), raw, changes)
+            elif (dk := k.parse_demand_key(key)) is not None:
+                self._index_demand(*dk, raw, changes)
+            elif (bm := k.parse_breaker_key(key)) is not None:
+                good = self._good.get(key)
+                if good is None:
+                    self._breakers.pop(bm, None)
+                else:
+                    self._breakers[bm] = good
+                changes.models.add(bm)
+        except InvalidArgument as exc:  # a key name the keyspace accepts but a document parser refuses
+            log.debug("ignoring %s: %s", key, exc.message)
+
+    def _index_model(self, key: str, model: str, what: str, raw: bytes | None, changes: Changes) -> None:
+        if what == "status":
+            (self._statuses.add if raw is not None else self._statuses.discard)(model)
+            changes.statuses.add(model)
+            return
+        target = {"spec": self._specs, "traffic": self._traffic, "routing": self._routing}.get(what)
+        if target is None:
+            return
+        changes.models.add(model)
+        if what == "spec":  # its declared memory counts for its replicas that measured none
+            for rkey in self._by_model.get(model, ()):
+                self._used.pop(rkey[2], None)
+        if what == "routing":
+            value = None if raw is None else _parsed_or_none(lambda: docs.parse_routing(model, raw))
+        else:
+            value = self._good.get(key)
+        if value is None:
+            target.pop(model, None)
+        else:
+            target[model] = value
+
+    def _index_demand(self, model: str, router: str, raw: bytes | None, changes: Changes) -> None:
+        reports = self._demand.setdefault(model, {})
+        demand = _parsed_or_none(lambda: docs.parse_demand(model, router, raw)) if raw else None
+        if demand is None:
+            reports.pop(router, None)
+        else:
+            reports[router] = demand
+        if reports:
+            self._demand_view[model] = tuple(reports[r] for r in sorted(reports))
+        else:
+            self._demand.pop(model, None)
+            self._demand_view.pop(model, None)
+        changes.models.add(model)
+
+    def _index_worker(self, worker: str, changes: Changes) -> None:
+        k = self._keys
+        record = self._raw.get(k.worker(worker))
+        old = self._workers.get(worker)
+        new = None
+        if record is not None:
+            load = self._raw.get(k.worker_load(worker))
+            new = _parsed_or_none(lambda: docs.parse_worker(worker, record, load, worker in self._drains))
+        if new is None:
+            self._workers.pop(worker, None)
+        else:
+            self._workers[worker] = new
+        if (old is None) != (new is None) or (
+            old is not None and new is not None and replace(new, last_beat=old.last_beat) != old
+        ):
+            changes.workers.add(worker)
+
+    def _index_replica(self, rkey: ReplicaKey, raw: bytes | None, changes: Changes) -> None:
+        model, version, worker = rkey
+        changes.models.add(model)
+        self._used.pop(worker, None)
+        key = self._keys.replica(model, version, worker)
+        info = None
+        if raw is not None:
+            revision = self._revisions.get(key, 0)
+            info = _parsed_or_none(lambda: docs.parse_replica(model, version, worker, raw, revision))
+        if info is None:
+            if self._replicas.pop(rkey, None) is not None:
+                for index, name in ((self._by_model, model), (self._by_worker, worker)):
+                    keys = index.get(name)
+                    if keys is not None:
+                        keys.discard(rkey)
+                        if not keys:
+                            del index[name]
+            return
+        self._replicas[rkey] = info
+        self._by_model.setdefault(model, set()).add(rkey)
+        self._by_worker.setdefault(worker, set()).add(rkey)
 
     def _publish(self, kind: EventType, key: str, value: bytes, revision: int) -> None:
         for sub in list(self._subscribers):
@@ -184,75 +392,54 @@ class ClusterState:
 
     def status_models(self) -> set[str]:
         """Models with a published status key."""
-        out = set()
-        for key in self._raw:
-            parsed = self._keys.parse_model_key(key)
-            if parsed is not None and parsed[1] == "status":
-                out.add(parsed[0])
-        return out
+        return set(self._statuses)
+
+    def breaker_doc(self, model: str) -> BreakerDoc | None:
+        """The model's breaker document in force (the last good one), if any."""
+        return self._breakers.get(model)
+
+    def expiring_breakers(self) -> list[str]:
+        """Models whose breaker level was forced until a time (its expiry changes the level in force)."""
+        return [m for m, b in self._breakers.items() if b.until]
 
     def status_doc(self, model: str) -> dict[str, Any] | None:
-        raw = self._raw.get(self._keys.model_status(model))
-        try:
-            return None if raw is None else json.loads(raw)
-        except ValueError:
+        """The model's published status, parsed once per revision (callers must not change it)."""
+        key = self._keys.model_status(model)
+        raw = self._raw.get(key)
+        if raw is None:
+            self._status_docs.pop(model, None)
             return None
-
-    def _cached(self, key: str, parse: Callable[[], Any]) -> Any:
         revision = self._revisions.get(key, 0)
-        hit = self._parsed.get(key)
+        hit = self._status_docs.get(model)
         if hit is not None and hit[0] == revision:
             return hit[1]
-        value = parse()
-        self._parsed[key] = (revision, value)
-        return value
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            doc = None
+        doc = doc if isinstance(doc, dict) else None
+        self._status_docs[model] = (revision, doc)
+        return doc
 
     def view(self) -> ClusterView:
-        k = self._keys
-        workers: dict[str, WorkerInfo] = {}
-        specs: dict[str, ModelSpecDoc] = {}
-        traffic: dict[str, TrafficDoc] = {}
-        routing: dict[str, TrafficDoc] = {}
-        replicas: dict[tuple[str, str, str], ReplicaInfo] = {}
-        demand: dict[str, list[Demand]] = {}
-        breakers: dict[str, int] = {}
+        """The cluster as of the last applied batch; shares the indexes (read it before the next await)."""
         now = self._clock()
-        drains = {w for key in self._raw if (w := k.parse_drain_key(key)) is not None}
-        for key, raw in self._raw.items():
-            try:
-                if (wk := k.parse_worker_key(key)) is not None:
-                    if not wk[1]:
-                        load = self._raw.get(k.worker_load(wk[0]))
-                        workers[wk[0]] = docs.parse_worker(wk[0], raw, load, wk[0] in drains)
-                elif (mk := k.parse_model_key(key)) is not None:
-                    model, what = mk
-                    if what == "spec" and key in self._good:
-                        specs[model] = self._good[key]
-                    elif what == "traffic" and key in self._good:
-                        traffic[model] = self._good[key]
-                    elif what == "routing":
-                        routing[model] = self._cached(key, lambda m=model, r=raw: docs.parse_routing(m, r))
-                elif (rid := k.parse_replica_key(key)) is not None:
-                    revision = self._revisions.get(key, 0)
-                    replicas[(rid.model, rid.version, rid.worker)] = self._cached(
-                        key,
-                        lambda i=rid, r=raw, rev=revision: docs.parse_replica(
-                            i.model, i.version, i.worker, r, rev
-                        ),
-                    )
-                elif (dk := k.parse_demand_key(key)) is not None:
-                    demand.setdefault(dk[0], []).append(docs.parse_demand(dk[0], dk[1], raw))
-                elif (bm := k.parse_breaker_key(key)) is not None and key in self._good:
-                    breakers[bm] = self._good[key].level_at(now)
-            except InvalidArgument as exc:
-                log.debug("ignoring %s: %s", key, exc.message)
+        breakers = {m: level for m, b in self._breakers.items() if (level := b.level_at(now))}
         return ClusterView(
             now=now,
-            workers=workers,
-            specs=specs,
-            traffic=traffic,
-            routing=routing,
-            replicas=replicas,
-            demand={m: tuple(ds) for m, ds in demand.items()},
-            breakers={m: level for m, level in breakers.items() if level},
-        )
+            workers=self._workers,
+            specs=self._specs,
+            traffic=self._traffic,
+            routing=self._routing,
+            replicas=self._replicas,
+            demand=self._demand_view,
+            breakers=breakers,
+        ).indexed(self._by_model, self._by_worker, self._used)
+
+
+def _parsed_or_none(parse: Callable[[], Any]) -> Any:
+    try:
+        return parse()
+    except InvalidArgument as exc:
+        log.debug("ignoring a document that does not parse: %s", exc.message)
+        return None
