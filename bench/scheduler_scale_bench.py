@@ -151,10 +151,10 @@ async def _steady_writes(endpoint: str, keys: Keyspace, seconds: float) -> dict[
     return {k: n / seconds for k, n in counts.items()}
 
 
-class _Cluster:
+class Cluster:
     """etcd, the simulated workers and the schedulers of one run; ``close`` stops them all."""
 
-    def __init__(self, tmp: Path, workers: int) -> None:
+    def __init__(self, tmp: Path, workers: int, *, capacity_gib: int = 64) -> None:
         sys.path.insert(0, str(ROOT / "tests" / "integration"))
         from harness import SchedulerProcess  # noqa: PLC0415  (test tooling, only here)
 
@@ -167,14 +167,18 @@ class _Cluster:
         self.schedulers: list[Any] = []
         self.sim = subprocess.Popen(
             [sys.executable, str(ROOT / "bench" / "sim_workers.py"), "--etcd", self.etcd.endpoint,
-             "--prefix", self.prefix, "--workers", str(workers), "--incarnation", self.incarnation],
+             "--prefix", self.prefix, "--workers", str(workers), "--incarnation", self.incarnation,
+             "--capacity-gib", str(capacity_gib)],
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert self.sim.stdout is not None
         json.loads(self.sim.stdout.readline())  # every worker registered and serving
 
     def scheduler(self) -> Any:
-        s = self._scheduler_process(self.tmp, self.etcd.endpoint, prefix=self.prefix, leader_ttl_s=2)
+        # no periodic resync inside the run: its figures are for passes on election and for changes
+        s = self._scheduler_process(
+            self.tmp, self.etcd.endpoint, prefix=self.prefix, leader_ttl_s=2, resync_interval_s=600
+        )
         self.schedulers.append(s)
         return s.start(timeout_s=120)
 
@@ -200,7 +204,7 @@ def _list_models_ms(scheduler: Any, models: int) -> float:
 
 def scale_run(models: int, workers: int, *, steady_s: float = 10.0) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp_name:
-        cluster = _Cluster(Path(tmp_name), workers)
+        cluster = Cluster(Path(tmp_name), workers)
         try:
             endpoint, keys = cluster.etcd.endpoint, cluster.keys
             asyncio.run(_fill(endpoint, keys, models, workers, cluster.incarnation))

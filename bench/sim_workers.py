@@ -38,12 +38,16 @@ class SimWorker(worker_pb2_grpc.WorkerControlServicer):
         self._keys = keys
         self._incarnation = incarnation
         self._memory = memory
+        self._held: dict[tuple[str, str], int] = {}
 
     async def _record(
         self, model: str, version: str, state: ReplicaState, memory: int
     ) -> model_pb2.ReplicaStatus:
         """Write the record, and answer with its revision as a real worker does."""
-        info = {"incarnation": self._incarnation, "memory_bytes": memory or self._memory}
+        if memory:
+            self._held[(model, version)] = memory  # what it was loaded with, as measured
+        held = self._held.get((model, version), self._memory)
+        info = {"incarnation": self._incarnation, "memory_bytes": held}
         record = ReplicaRecord(state, time.time(), reason="simulated", info=info)
         revision = await self._store.put(self._keys.replica(model, version, self.id), record.to_json())
         return model_pb2.ReplicaStatus(model=model, version=version, worker_id=self.id, revision=revision)
@@ -66,6 +70,7 @@ class SimWorker(worker_pb2_grpc.WorkerControlServicer):
 
     async def Unload(self, request, context):  # type: ignore[no-untyped-def]
         await self._store.delete(self._keys.replica(request.model, request.version, self.id))
+        self._held.pop((request.model, request.version), None)
         return worker_pb2.UnloadResponse()
 
 

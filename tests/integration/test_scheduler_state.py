@@ -38,6 +38,7 @@ async def test_a_large_list_is_applied_in_chunks_and_reported_whole(restartable_
             assert len(seen) == -(-MODELS // 7)  # one report per chunk, not one for all
             assert [r[:2] for r in seen if r[1]] == [(MODELS, True)]
             assert all(not r[1] for r in seen[:-1])  # the reload comes with the last chunk, whole
+            assert all(r[2] for r in seen)  # applied turn by turn, ``applying`` meanwhile
 
             # etcd compacts past what the mirror saw while it was away: it lists again, in chunks
             await state.mirror.stop()

@@ -24,7 +24,8 @@ Invariants:
   (copies on their way out do not count). A LOADING replica
   is left to finish; a stopped worker gets no actions but ``ForgetReplica`` (an emergency stop releases
   its replicas itself).
-- Models are planned by descending priority, so higher-priority models claim memory first.
+- The models of one plan are planned by descending priority, so higher-priority ones claim memory
+  first (across batches the reconciler queues the models waiting for room first when room frees).
 - A wanted canary (``canary_percent > 0``) of a model whose breaker level is above 0 is rolled back
   (DESIGN.md 7): ``RollbackCanary`` rewrites the wanted traffic to its stable version alone, and the round
   already plans with that traffic, so routing follows by the usual safe flip. While the breaker stays

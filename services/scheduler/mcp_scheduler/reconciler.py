@@ -72,6 +72,7 @@ from mcp_scheduler.plan import (
     ReplicaAction,
     RollbackCanary,
     StartReplica,
+    UnloadReplica,
     kind_of,
     plan,
 )
@@ -109,7 +110,7 @@ PLACEMENTS_PER_BATCH = 16
 @dataclass(frozen=True)
 class _Settling:
     """A done action the mirror has yet to show: in flight for planning until ``etcd_key`` changes from
-    ``before``, reaches ``written``, or ``until`` passes."""
+    ``before``, the mirror's revision reaches ``written``, or ``until`` passes."""
 
     etcd_key: str
     before: int
@@ -194,6 +195,8 @@ class Reconciler:
             self._settling.clear()
             self.resync()
             return
+        if changes.freed:  # room freed: the models waiting for room go first (before what freed it)
+            self.queue.add_first(sorted(self._unsettled))
         self.queue.add_all(changes.models)
         for model in changes.statuses:
             written = self._published.get(model)
@@ -249,10 +252,14 @@ class Reconciler:
                 continue
             try:
                 while self.queue:
-                    if self._state.applying:  # a re-list half applied: plan from all of it, not a blend
+                    while self._state.applying:  # a re-list half applied: plan from all of it, not a blend
                         await self._state.idle.wait()
                     await self.reconcile_once(models=self.queue.take(self._batch()))
                     await asyncio.sleep(0)  # the API and the watches get the loop between batches
+                    if time.monotonic() >= next_tick:  # time-driven work is not starved by a busy queue
+                        next_tick = time.monotonic() + self._config.reconcile_interval_s
+                        self._tick()
+                    self.queue.due(self._clock())
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -303,7 +310,8 @@ class Reconciler:
             per_model if per_model > self._per_model_s else 0.8 * self._per_model_s + 0.2 * per_model
         )
         self._on_reconciled(len(done), took)
-        await self._publish_status(done, result.status, view, spec_revisions, fence)
+        revisions = {m: (spec_revisions.get(m, 0), traffic_revisions.get(m, 0)) for m in done}
+        await self._publish_status(done, result.status, view, revisions, fence)
         if self._pass is not None:
             self._pass[1].difference_update(done)
             if not self._pass[1]:
@@ -334,6 +342,10 @@ class Reconciler:
             self._kinds.pop(key, None)  # type: ignore[arg-type]
             if key not in self._settling:
                 self._flight.discard(key)  # type: ignore[arg-type]
+            if isinstance(action, UnloadReplica | ForgetReplica):
+                # room freed (an eviction's, say): what waits for it is planned before the model it
+                # came from, which would otherwise take it back
+                self.queue.add_first(sorted(self._unsettled - {action.model}))
             self.queue.add(action.model)
             self._work.set()
 
@@ -349,7 +361,8 @@ class Reconciler:
         now = time.monotonic()
         for key, s in list(self._settling.items()):
             seen = self._state.mod_revision(s.etcd_key)
-            if seen != s.before or (s.written and seen >= s.written) or now >= s.until:
+            # the mirror is past the write (whatever the key holds now came after it), or the key changed
+            if seen != s.before or (s.written and self._state.revision >= s.written) or now >= s.until:
                 del self._settling[key]
                 if key not in self._kinds:
                     self._flight.discard(key)  # type: ignore[arg-type]
@@ -495,7 +508,7 @@ class Reconciler:
         models: list[str],
         status: Mapping[str, ModelStatus],
         view: ClusterView,
-        spec_revisions: Mapping[str, int],
+        revisions: Mapping[str, tuple[int, int]],
         fence: Fence,
     ) -> None:
         if self._published_generation != self._state.generation:  # etcd listed afresh: trust only it
@@ -504,7 +517,8 @@ class Reconciler:
         for model in models:
             doc = self._status_doc(model, status.get(model), view)
             if doc is not None:
-                doc["spec_revision"] = spec_revisions.get(model, 0)
+                # what the status was planned from: callers wait for their write to show here
+                doc["spec_revision"], doc["traffic_revision"] = revisions.get(model, (0, 0))
                 if doc["pending"] or doc["error"] or doc.get("retrying"):
                     self._unsettled.add(model)
                 else:

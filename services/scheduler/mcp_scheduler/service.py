@@ -38,6 +38,7 @@ from mcpcore.store import Compare, Delete, Put, Store
 __all__ = ["ControlService", "ModelStatusView"]
 
 DEFAULT_WAIT_S = 60.0
+TRAFFIC_STATUS_WAIT_S = 5.0  # SetTraffic waits this long for the status planned from the new split
 _NO_STATUS: dict[str, Any] = {}  # shared by every view of a model without a status (never changed)
 S = ReplicaState
 HEADLINE_ORDER = (S.RUNNING, S.PAUSED, S.READY, S.LOADING, S.UNLOADING, S.RECOVERING, S.ERROR, S.IDLE)
@@ -187,8 +188,13 @@ class ControlService:
         raw = docs.traffic_to_json(traffic)  # checks it with the same rules as an operator's etcdctl put
         if self._state.spec(model) is None:
             raise NotFound(f"model {model} is not registered; load it before setting its traffic")
-        await self._store.put(self._keys.model_traffic(model), raw)
-        await self._state.wait_change(1.0)
+        revision = await self._store.put(self._keys.model_traffic(model), raw)
+        deadline = time.monotonic() + TRAFFIC_STATUS_WAIT_S  # until the leader's status plans from it
+        while (self._state.status_doc(model) or {}).get("traffic_revision", 0) < revision:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break  # no leader answering: the split is written; say what the last status said
+            await self._state.wait_change(left)
         return traffic, self.status(model).status.get("pending", "")
 
     async def set_paused(

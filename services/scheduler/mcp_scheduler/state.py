@@ -75,6 +75,7 @@ class Changes:
     models: set[str] = field(default_factory=set)  # spec, traffic, routing, replicas, demand or breaker
     statuses: set[str] = field(default_factory=set)  # the model's published status document
     workers: set[str] = field(default_factory=set)  # registered, gone, or changed as the planner sees it
+    freed: set[str] = field(default_factory=set)  # workers where a replica record went away: room freed
     reload: bool = False  # the mirror listed etcd afresh: everything may have changed
 
 
@@ -199,6 +200,7 @@ class ClusterState:
         """Apply a batch: at once when small (a watch batch), else ``apply_chunk`` keys per loop turn
         (a list of 40,000 keys, at start or after a re-list, would hold the loop for a second)."""
         for key in sorted(keys, key=lambda k: self._revisions.get(k, self.revision)):
+            self._pending.pop(key, None)  # changed again: applied in its new place, in revision order
             self._pending[key] = None
         self._pending_reload |= self.mirror.generation != self._generation
         self._generation = self.mirror.generation
@@ -233,10 +235,7 @@ class ClusterState:
             keys.append(key)
         for key in keys:
             del self._pending[key]
-        # a re-list is reported with its last chunk, once the indexes hold all of it
-        changes = Changes(reload=self._pending_reload and not self._pending)
-        if changes.reload:
-            self._pending_reload = False
+        changes = Changes()
         for key in keys:
             value = self._raw.get(key)
             if value is None:
@@ -247,6 +246,9 @@ class ClusterState:
                 self._check(key)
                 self._publish(EventType.PUT, key, value, self._revisions[key])
             self._index(key, changes)
+        # a re-list is reported with its last chunk, once the indexes hold all of it
+        if self._pending_reload and not self._pending:
+            changes.reload, self._pending_reload = True, False
         for listener in self._listeners:
             listener(changes)
         self._notify()
@@ -341,6 +343,7 @@ class ClusterState:
             info = _parsed_or_none(lambda: docs.parse_replica(model, version, worker, raw, revision))
         if info is None:
             if self._replicas.pop(rkey, None) is not None:
+                changes.freed.add(worker)
                 for index, name in ((self._by_model, model), (self._by_worker, worker)):
                     keys = index.get(name)
                     if keys is not None:

@@ -5,8 +5,9 @@ Invariants:
   model costs one reconcile of it, however many events it took.
 - Models come out in the order they were first queued (FIFO), ``take(n)`` at most ``n`` at a time.
 - ``add_after(model, at)`` queues it once ``due(now)`` is called at or after ``at`` (the retry of a failed
-  action, rate-limited by its backoff); an earlier pending time wins over a later one, and a model queued
-  meanwhile keeps its place (it is taken once, not twice).
+  action, rate-limited by its backoff); every time asked for is kept (a later retry is not lost to an
+  earlier one), and a model queued meanwhile keeps its place (it is taken once, not twice).
+- ``add_first`` puts models at the front (the ones waiting for room, when room frees).
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ __all__ = ["WorkQueue"]
 class WorkQueue:
     def __init__(self) -> None:
         self._queued: dict[str, None] = {}  # insertion-ordered set
-        self._later: dict[str, float] = {}  # model -> when it is due
-        self._heap: list[tuple[float, str]] = []  # (at, model), lazily cleaned
+        self._heap: list[tuple[float, str]] = []  # (at, model)
 
     def __len__(self) -> int:
         return len(self._queued)
@@ -36,28 +36,25 @@ class WorkQueue:
         for model in models:
             self._queued.setdefault(model, None)
 
+    def add_first(self, models: Iterable[str]) -> None:
+        ahead = dict.fromkeys(models)
+        if ahead:
+            self._queued = {**ahead, **{m: None for m in self._queued if m not in ahead}}
+
     def add_after(self, model: str, at: float) -> None:
-        if model in self._later and self._later[model] <= at:
-            return
-        self._later[model] = at
         heapq.heappush(self._heap, (at, model))
 
     def due(self, now: float) -> int:
-        """Queue every model whose time has come; returns how many."""
+        """Queue every model whose time has come; returns how many times came."""
         moved = 0
         while self._heap and self._heap[0][0] <= now:
-            at, model = heapq.heappop(self._heap)
-            if self._later.get(model) != at:
-                continue  # superseded by an earlier time, already moved
-            del self._later[model]
+            _at, model = heapq.heappop(self._heap)
             self._queued.setdefault(model, None)
             moved += 1
         return moved
 
     def next_due(self) -> float | None:
         """When the earliest pending model is due (None: none pending)."""
-        while self._heap and self._later.get(self._heap[0][1]) != self._heap[0][0]:
-            heapq.heappop(self._heap)
         return self._heap[0][0] if self._heap else None
 
     def take(self, n: int) -> list[str]:
@@ -72,5 +69,4 @@ class WorkQueue:
 
     def clear(self) -> None:
         self._queued.clear()
-        self._later.clear()
         self._heap.clear()
