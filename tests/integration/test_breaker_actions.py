@@ -16,7 +16,6 @@ from harness import (
     TensorClient,
     WorkerProcess,
     load_and_run,
-    make_demo_repository,
     mlp_reference,
     wait_for,
 )
@@ -42,11 +41,6 @@ def etcd(endpoint: str, op: str, key: str, value: bytes = b"") -> dict | None:
             return None
 
     return asyncio.run(run())
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    return make_demo_repository(tmp_path_factory.mktemp("repo") / "models")
 
 
 # --- the worker: level 1 halves the max batch size --------------------------------------------------------

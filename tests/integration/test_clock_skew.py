@@ -13,14 +13,12 @@ import time
 import uuid
 
 import grpc
-import pytest
 from harness import (
     HealthProcess,
     RouterProcess,
     SchedulerProcess,
     WorkerProcess,
     etcd_get,
-    make_demo_repository,
     metric,
     wait_for,
 )
@@ -29,11 +27,6 @@ from meshload import CheckedLoad, router_channel
 from mcpapi.v2 import control_pb2, control_pb2_grpc, health_pb2, health_pb2_grpc, model_pb2
 from mcpcore.etcd_store import EtcdStore
 from mcpcore.keys import Keyspace
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    return make_demo_repository(tmp_path_factory.mktemp("repo") / "models")
 
 
 def _skewed(worker: WorkerProcess, offset: str) -> WorkerProcess:

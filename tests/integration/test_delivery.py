@@ -25,18 +25,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from harness import make_demo_repository, metric, wait_for
+from harness import metric, wait_for
 from meshload import CheckedLoad, LoadResult, Mesh, settle
 
 from mcpapi.v2 import control_pb2
 
 WANTED = {"demo-mlp": 2, "demo-stateful": 2}
 HERE = Path(__file__).parent
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    return make_demo_repository(tmp_path_factory.mktemp("repo") / "models")
 
 
 @pytest.fixture(scope="module")

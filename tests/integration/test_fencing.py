@@ -22,7 +22,6 @@ from harness import (
     WorkerProcess,
     etcd_get,
     load_and_run,
-    make_demo_repository,
     metric,
     wait_for,
 )
@@ -41,11 +40,6 @@ from mcpcore.keys import Keyspace
 from mcpcore.lifecycle import ReplicaLifecycle
 from mcpcore.mirror import PrefixMirror
 from mcpcore.store import Compare, Put
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    return make_demo_repository(tmp_path_factory.mktemp("repo") / "models")
 
 
 async def _expiring_leader(store: EtcdStore, keys: Keyspace, role: str) -> Fence:

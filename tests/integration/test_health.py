@@ -16,7 +16,6 @@ from harness import (
     etcd_get,
     etcd_put,
     load_and_run,
-    make_demo_repository,
     wait_for,
 )
 from webhook_receiver import WebhookReceiver
@@ -29,11 +28,6 @@ TTL = 2
 
 def replica_state(endpoint: str, keys: Keyspace, model: str, worker: str) -> str:
     return (etcd_get(endpoint, keys.replica(model, "1", worker)) or {}).get("state", "")
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    return make_demo_repository(tmp_path_factory.mktemp("repo") / "models")
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ from harness import (
     SchedulerProcess,
     WorkerProcess,
     etcd_put,
-    make_demo_repository,
     mlp_reference,
     wait_for,
 )
@@ -47,11 +46,6 @@ def infer(stub, model: str, x: np.ndarray = X, **kw) -> tuple[str, np.ndarray]:
     )
     out = reply.outputs[0]
     return reply.version, np.frombuffer(out.data, np.float32).reshape(tuple(out.shape))
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    return make_demo_repository(tmp_path_factory.mktemp("repo") / "models")
 
 
 @pytest.fixture(scope="module")

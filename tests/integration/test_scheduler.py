@@ -21,7 +21,6 @@ from harness import (
     WorkerProcess,
     etcd_get,
     etcd_put,
-    make_demo_repository,
     wait_for,
 )
 
@@ -48,11 +47,6 @@ def running(status) -> list[tuple[str, str]]:
     return sorted(
         (r.version, r.worker_id) for r in status.replicas if r.state == model_pb2.ModelState.Value("RUNNING")
     )
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    return make_demo_repository(tmp_path_factory.mktemp("repo") / "models")
 
 
 @pytest.fixture(scope="module")

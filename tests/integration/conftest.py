@@ -1,0 +1,17 @@
+"""Fixtures for the integration tests that several modules share (see also ``tests/conftest.py``).
+
+- ``repo``: the demo model repository (``make models``' script, fixed seeds), built once per module into
+  its own temporary directory. A module that needs extra models defines its own ``repo`` over it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from harness import make_demo_repository
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_demo_repository(tmp_path_factory.mktemp("repo") / "models")
