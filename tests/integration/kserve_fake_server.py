@@ -28,7 +28,7 @@ from mcp_router.dataplane import (
 )
 from mcp_router.kserve import KServeServicer
 from mcpapi.kserve import grpc_service_pb2_grpc
-from mcpcore.errors import InvalidArgument, NotFound, aio_server_interceptor
+from mcpcore.errors import GuardedServer, InvalidArgument, NotFound
 
 SEED = 20240611
 INPUT = TensorMeta("INPUT0", "FP32", (-1, 64))
@@ -110,9 +110,9 @@ class NumpyDataPlane(DataPlane):
 
 
 async def serve(port: int) -> None:
-    server = grpc.aio.server(interceptors=[aio_server_interceptor()])
+    server = grpc.aio.server()
     grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-        KServeServicer(NumpyDataPlane(), version="0.1.0-test"), server
+        KServeServicer(NumpyDataPlane(), version="0.1.0-test"), GuardedServer(server)
     )
     bound = server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()

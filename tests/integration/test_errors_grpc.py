@@ -1,11 +1,11 @@
-"""Each MCPError reaches a real gRPC client as its status, through both the sync and the aio server."""
+"""Each MCPError reaches a real gRPC client as its status, through a grpc.aio server whose handlers were
+registered through ``GuardedServer`` (as every service's are, by ``GrpcService.add``)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import threading
-from concurrent import futures
 
 import grpc
 import grpc.aio
@@ -23,32 +23,12 @@ def _raise_named(request: bytes) -> bytes:
         return b"fine"
     if name == "boom":
         raise RuntimeError("secret internal detail")
+    if name == "NotStartedUnavailable":
+        raise errors.not_started(errors.Unavailable("not started: send it elsewhere"))
     raise getattr(errors, name)(f"{name} happened: do X")
 
 
-def _sync_handlers() -> grpc.GenericRpcHandler:
-    def unary(request: bytes, context: grpc.ServicerContext) -> bytes:
-        return _raise_named(request)
-
-    def stream(request: bytes, context: grpc.ServicerContext):
-        yield b"first"
-        _raise_named(request)
-        yield b"never"
-
-    def aborts(request: bytes, context: grpc.ServicerContext) -> bytes:
-        context.abort(grpc.StatusCode.OUT_OF_RANGE, "handler aborted itself")
-
-    return grpc.method_handlers_generic_handler(
-        SERVICE,
-        {
-            "Unary": grpc.unary_unary_rpc_method_handler(unary),
-            "Stream": grpc.unary_stream_rpc_method_handler(stream),
-            "Aborts": grpc.unary_unary_rpc_method_handler(aborts),
-        },
-    )
-
-
-def _aio_handlers() -> grpc.GenericRpcHandler:
+def _aio_handlers() -> dict[str, grpc.RpcMethodHandler]:
     async def unary(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         await asyncio.sleep(0)
         return _raise_named(request)
@@ -61,33 +41,26 @@ def _aio_handlers() -> grpc.GenericRpcHandler:
     async def aborts(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         await context.abort(grpc.StatusCode.OUT_OF_RANGE, "handler aborted itself")
 
-    return grpc.method_handlers_generic_handler(
-        SERVICE,
-        {
-            "Unary": grpc.unary_unary_rpc_method_handler(unary),
-            "Stream": grpc.unary_stream_rpc_method_handler(stream),
-            "Aborts": grpc.unary_unary_rpc_method_handler(aborts),
-        },
-    )
+    def sync_unary(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return _raise_named(request)
+
+    return {
+        "Unary": grpc.unary_unary_rpc_method_handler(unary),
+        "SyncUnary": grpc.unary_unary_rpc_method_handler(sync_unary),
+        "Stream": grpc.unary_stream_rpc_method_handler(stream),
+        "Aborts": grpc.unary_unary_rpc_method_handler(aborts),
+    }
 
 
-@pytest.fixture(scope="module", params=["sync", "aio"])
-def server_address(request):
-    if request.param == "sync":
-        server = grpc.server(futures.ThreadPoolExecutor(4), interceptors=[errors.server_interceptor()])
-        server.add_generic_rpc_handlers((_sync_handlers(),))
-        port = server.add_insecure_port("127.0.0.1:0")
-        server.start()
-        yield f"127.0.0.1:{port}"
-        server.stop(None)
-        return
+@pytest.fixture(scope="module")
+def server_address():
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
 
     async def start() -> tuple[grpc.aio.Server, int]:
-        server = grpc.aio.server(interceptors=[errors.aio_server_interceptor()])
-        server.add_generic_rpc_handlers((_aio_handlers(),))
+        server = grpc.aio.server()
+        errors.GuardedServer(server).add_registered_method_handlers(SERVICE, _aio_handlers())
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         return server, port
@@ -111,10 +84,11 @@ def _call(channel: grpc.Channel, method: str, payload: str):
     return channel.unary_unary(f"/{SERVICE}/{method}")(payload.encode(), timeout=5)
 
 
+@pytest.mark.parametrize("method", ["Unary", "SyncUnary"])
 @pytest.mark.parametrize("cls", ALL_ERRORS, ids=lambda c: c.__name__)
-def test_each_error_maps_to_its_status(channel, cls):
+def test_each_error_maps_to_its_status(channel, cls, method):
     with pytest.raises(grpc.RpcError) as info:
-        _call(channel, "Unary", cls.__name__)
+        _call(channel, method, cls.__name__)
     assert info.value.code() == cls.code
     assert info.value.details() == f"{cls.__name__} happened: do X"
     back = errors.from_rpc_error(info.value)
@@ -147,3 +121,33 @@ def test_handler_abort_is_kept(channel):
         _call(channel, "Aborts", "x")
     assert info.value.code() == grpc.StatusCode.OUT_OF_RANGE
     assert info.value.details() == "handler aborted itself"
+
+
+def test_a_not_started_error_says_so_in_trailing_metadata(channel):
+    with pytest.raises(grpc.RpcError) as info:
+        _call(channel, "Unary", "NotStartedUnavailable")
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert errors.NOT_STARTED_METADATA in tuple(info.value.trailing_metadata())
+    with pytest.raises(grpc.RpcError) as info:
+        _call(channel, "Unary", "Unavailable")
+    assert errors.NOT_STARTED_METADATA not in tuple(info.value.trailing_metadata())
+
+
+def test_methods_registered_only_as_generic_handlers_are_not_served():
+    """The generated code registers each service twice; GuardedServer serves what it gets by name."""
+
+    async def main() -> grpc.StatusCode:
+        server = grpc.aio.server()
+        generic = grpc.method_handlers_generic_handler(SERVICE, _aio_handlers())
+        errors.GuardedServer(server).add_generic_rpc_handlers((generic,))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await ch.unary_unary(f"/{SERVICE}/Unary")(b"ok", timeout=5)
+                return info.value.code()
+        finally:
+            await server.stop(None)
+
+    assert asyncio.run(main()) == grpc.StatusCode.UNIMPLEMENTED

@@ -1,20 +1,21 @@
-"""The gRPC server every mcpmesh service runs: grpc.aio, the MCPError interceptor, and grpc.health.v1.
+"""The gRPC server every mcpmesh service runs: grpc.aio, the MCPError mapping, and grpc.health.v1.
 
-Invariants: every service's port answers ``grpc.health.v1`` for ``""`` and for each of its services;
-they report SERVING only once the service says it is ready (``set_serving``), and NOT_SERVING as soon as
-it begins to stop, before the server stops taking calls.
+Invariants: every servicer is registered with ``add`` (through ``GuardedServer``), so an MCPError it
+raises reaches the client as its status; every service's port answers ``grpc.health.v1`` for ``""`` and
+for each of its services; they report SERVING only once the service says it is ready (``set_serving``),
+and NOT_SERVING as soon as it begins to stop, before the server stops taking calls.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from mcpcore.errors import aio_server_interceptor
+from mcpcore.errors import GuardedServer
 
 __all__ = ["GrpcService"]
 
@@ -29,12 +30,15 @@ class GrpcService:
     ) -> None:
         self.services = tuple(services)
         self.server = grpc.aio.server(
-            interceptors=[aio_server_interceptor()],
             options=list(options),
             maximum_concurrent_rpcs=maximum_concurrent_rpcs,
         )
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+
+    def add(self, add_to_server: Callable[[Any, Any], None], servicer: Any) -> None:
+        """Register ``servicer`` with its generated ``add_*Servicer_to_server`` function."""
+        add_to_server(servicer, GuardedServer(self.server))
 
     async def start(self, host: str, port: int) -> int:
         """Bind (port 0 picks one) and start; returns the bound port. Not SERVING yet."""

@@ -95,8 +95,8 @@ class HealthServer:
         self._metrics_server, metrics_port = start_metrics_server(
             cfg.metrics_port, cfg.metrics_host, registry=self.metrics.registry
         )
-        health_pb2_grpc.add_HealthServicer_to_server(
-            HealthV2(self.mirror, self.keys, self.detector), self.grpc.server
+        self.grpc.add(
+            health_pb2_grpc.add_HealthServicer_to_server, HealthV2(self.mirror, self.keys, self.detector)
         )
         port = await self.grpc.start(cfg.grpc_host, cfg.grpc_port)
         await self.store.connect()

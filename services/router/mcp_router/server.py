@@ -114,10 +114,11 @@ class RouterServer:
         self._metrics_server, metrics_port = start_metrics_server(
             cfg.metrics_port, cfg.metrics_host, registry=self.metrics.registry
         )
-        v1_grpc.add_InferenceServicer_to_server(InferenceV1(self.router), self.grpc.server)
-        v2_grpc.add_InferenceServicer_to_server(InferenceV2(self.router), self.grpc.server)
-        kserve_grpc.add_GRPCInferenceServiceServicer_to_server(
-            KServeServicer(self.router, version=VERSION), self.grpc.server
+        self.grpc.add(v1_grpc.add_InferenceServicer_to_server, InferenceV1(self.router))
+        self.grpc.add(v2_grpc.add_InferenceServicer_to_server, InferenceV2(self.router))
+        self.grpc.add(
+            kserve_grpc.add_GRPCInferenceServiceServicer_to_server,
+            KServeServicer(self.router, version=VERSION),
         )
         port = await self.grpc.start(cfg.grpc_host, cfg.grpc_port)
         await self.store.connect()

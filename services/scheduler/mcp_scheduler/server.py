@@ -123,9 +123,10 @@ class Scheduler:
         await self.store.connect()
         await self.state.start()
         gc.freeze()  # the mirrored cluster lives long: keep it out of the collector's full passes
-        v1_grpc.add_ModelControlServicer_to_server(ModelControlV1(self.service), self.grpc.server)
-        v2_grpc.add_ModelControlServicer_to_server(
-            ModelControlV2(self.service, self.state, self.keys), self.grpc.server
+        self.grpc.add(v1_grpc.add_ModelControlServicer_to_server, ModelControlV1(self.service))
+        self.grpc.add(
+            v2_grpc.add_ModelControlServicer_to_server,
+            ModelControlV2(self.service, self.state, self.keys),
         )
         port = await self.grpc.start(cfg.grpc_host, cfg.grpc_port)
         self.reconciler.start()

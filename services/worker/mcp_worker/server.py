@@ -210,8 +210,9 @@ class Worker:
             cfg.metrics_port, cfg.metrics_host, registry=self.metrics.registry
         )
         zmq_endpoint = await self.tensors.start()
-        worker_pb2_grpc.add_WorkerControlServicer_to_server(
-            WorkerControlServicer(self.manager, self.fence), self.grpc.server
+        self.grpc.add(
+            worker_pb2_grpc.add_WorkerControlServicer_to_server,
+            WorkerControlServicer(self.manager, self.fence),
         )
         port = await self.grpc.start(cfg.grpc_host, cfg.grpc_port)
         host = cfg.advertise_host
