@@ -3,6 +3,10 @@
 Each service's ``__main__`` is a call to ``main(...)`` with its config class and a factory; the service
 object needs ``async start() -> dict`` (its endpoints, printed as one JSON line ``{"event": "ready", ...}``
 on stdout, which launchers and tests wait for instead of sleeping) and ``async stop()``.
+
+Once started, everything the process made so far (modules, descriptors, the service's own objects) is
+moved out of the garbage collector's passes (``gc.freeze``): it lives as long as the process, and a full
+pass over it held the event loop ~9 ms on this machine, the largest single source of loop lag.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -54,6 +59,8 @@ async def serve(factory: Callable[[C], Service], config: C) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     endpoints = await service.start()
+    gc.collect()
+    gc.freeze()  # what start() made lives as long as the process: no full pass walks it again
     print(json.dumps({"event": "ready", **endpoints}), flush=True)
     await stop.wait()
     with contextlib.suppress(Exception):
