@@ -33,6 +33,7 @@ from mcpcore import dtypes
 __all__ = ["main"]
 
 RUN = Path(".run")
+DRAIN_WAIT_S = 15.0  # a worker's graceful stop takes at most its drain_timeout_s (10 s) and a little more
 ROUTER, SCHEDULER, HEALTH = "127.0.0.1:8001", "127.0.0.1:50051", "127.0.0.1:50053"
 SERVICES = {  # name -> (module, flags)
     "worker-1": ("mcp_worker", ["--worker-id", "worker-1", "--metrics-port", "9110", "--grpc-port", "50061",
@@ -163,19 +164,43 @@ def up() -> int:
     return 0
 
 
-def down() -> int:
-    stopped = []
-    for pid_file in sorted(RUN.glob("*.pid")):
+def _stop(names: list[str], wait_s: float) -> list[str]:
+    """SIGTERM each of ``names`` (by pid file) at once, wait up to ``wait_s`` for all, SIGKILL the rest."""
+    pids = {}
+    for name in names:
+        pid_file = RUN / f"{name}.pid"
         with contextlib.suppress(ValueError, ProcessLookupError):
             pid = int(pid_file.read_text())
             os.kill(pid, signal.SIGTERM)
-            for _ in range(100):
-                os.kill(pid, 0)
-                time.sleep(0.05)
-            os.kill(pid, signal.SIGKILL)
+            pids[name] = pid
         pid_file.unlink()
-        stopped.append(pid_file.stem)
-    print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+    deadline = time.monotonic() + wait_s
+    while pids and time.monotonic() < deadline:
+        for name, pid in list(pids.items()):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)  # reaps it only if it is our child; up's children are not
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                del pids[name]
+        time.sleep(0.05)  # polling a process we cannot wait on: no readiness signal exists
+    for pid in pids.values():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return list(pids)
+
+
+def down() -> int:
+    """Stop the services together (each drains: workers finish their requests, the router its calls)
+    while etcd still answers, then etcd: stopped first, it made every drain wait out its etcd timeouts."""
+    names = sorted(p.stem for p in RUN.glob("*.pid"))
+    services = [n for n in names if n != "etcd"]
+    killed = _stop(services, DRAIN_WAIT_S)
+    if "etcd" in names:
+        killed += _stop(["etcd"], 5.0)
+    print(f"stopped: {', '.join(names) or 'nothing was running'}")
+    if killed:
+        print(f"killed after no clean stop in time: {', '.join(killed)}", file=sys.stderr)
     return 0
 
 
