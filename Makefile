@@ -3,6 +3,10 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Triton's perf_analyzer, from the tritonclient 2.40.0 wheel (newer wheels' binary needs glibc 2.38) in a
+# venv of its own: its pins conflict with the project's, and only the binary is used (tools/perf_analyzer).
+TOOLS := .tools
+PERF_ANALYZER := $(TOOLS)/perf/.installed
 
 .PHONY: help setup proto proto-check native lint test up down status bench models chaos gpu-check compose-config clean
 
@@ -10,7 +14,7 @@ help:
 	@echo "make setup | proto | proto-check | native | lint | test | up | down | bench | models | chaos | gpu-check | compose-config"
 
 # etcd (and etcdctl, faketime for the tests) from Debian's packages when missing, then the venv with the project (editable) and its dev tools.
-setup: $(STAMP)
+setup: $(STAMP) $(PERF_ANALYZER)
 	@command -v etcd >/dev/null && command -v etcdctl >/dev/null || tools/install-system-deps.sh
 	@command -v faketime >/dev/null || tools/install-system-deps.sh faketime
 	@command -v promtool >/dev/null || tools/install-system-deps.sh promtool
@@ -22,6 +26,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
+
+$(PERF_ANALYZER): tools/perf-analyzer-requirements.txt
+	@ldconfig -p | grep -q 'libb64\.so\.0d' || tools/install-system-deps.sh libb64
+	test -x $(TOOLS)/perf/bin/python || python3 -m venv $(TOOLS)/perf
+	$(TOOLS)/perf/bin/python -m pip install -q --no-deps -r tools/perf-analyzer-requirements.txt
+	touch $(PERF_ANALYZER)
 
 # Regenerate Python code and .pyi stubs from protos/ into libs/contracts/ (committed; CI checks it is current).
 proto: $(STAMP)

@@ -4,6 +4,7 @@
 #   faketime  (package faketime) — with the argument "faketime": the clock-skew tests run workers under it
 #   promtool  (package prometheus) — with the argument "promtool": checks the shipped alert rules
 #   docker-compose (package docker-compose) — with the argument "docker-compose": validates deploy/compose
+#   libb64    (package libb64-0d) — with the argument "libb64": Triton's perf_analyzer links it
 set -euo pipefail
 sudo=""
 if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
@@ -15,6 +16,11 @@ install() {
 if [ "${1:-etcd}" = docker-compose ]; then
     command -v docker-compose >/dev/null 2>&1 || install docker-compose
     command -v docker-compose >/dev/null
+    exit 0
+fi
+if [ "${1:-etcd}" = libb64 ]; then
+    ldconfig -p | grep -q 'libb64\.so\.0d' || install libb64-0d
+    ldconfig -p | grep -q 'libb64\.so\.0d'
     exit 0
 fi
 if [ "${1:-etcd}" = promtool ]; then

@@ -21,6 +21,7 @@ from google.protobuf import json_format
 
 from mcpapi.kserve import grpc_service_pb2 as kserve
 from mcpapi.kserve import grpc_service_pb2_grpc as kserve_grpc
+from mcpapi.kserve import model_config_pb2
 
 PROBE = Path(__file__).with_name("triton_probe.py")
 SERVICE = "inference.GRPCInferenceService"
@@ -31,6 +32,8 @@ OUR_RPCS = {
     "ServerMetadata",
     "ModelMetadata",
     "ModelInfer",
+    "ModelConfig",
+    "ModelStatistics",
     "RepositoryIndex",
     "RepositoryModelLoad",
     "RepositoryModelUnload",
@@ -68,7 +71,7 @@ def triton() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def ours() -> dict[str, Any]:
-    return _load_probe().describe(kserve.DESCRIPTOR)
+    return _load_probe().describe_all(kserve.DESCRIPTOR, model_config_pb2.DESCRIPTOR)
 
 
 def test_package_and_service_name(ours: dict[str, Any]) -> None:
@@ -82,7 +85,7 @@ def test_every_message_and_field_matches_triton(ours: dict[str, Any], triton: di
     for name, message in sorted(ours["messages"].items()):
         theirs = triton["messages"].get(name)
         if theirs is None:
-            problems.append(f"{name}: not in Triton's grpc_service.proto")
+            problems.append(f"{name}: not in Triton's grpc_service.proto or model_config.proto")
             continue
         if message["map_entry"] != theirs["map_entry"]:
             problems.append(f"{name}: map entry {message['map_entry']}, Triton {theirs['map_entry']}")
@@ -94,16 +97,42 @@ def test_every_message_and_field_matches_triton(ours: dict[str, Any], triton: di
     assert not problems, "\n".join(problems)
 
 
-def test_our_messages_lack_no_triton_field(ours: dict[str, Any], triton: dict[str, Any]) -> None:
+def _received(ours: dict[str, Any]) -> set[str]:
+    """Every message a client can send us: the RPCs' request types and what they contain."""
+    todo = [rpc["input"] for rpc in ours["services"][SERVICE].values()]
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in ours["messages"]:
+            continue
+        seen.add(name)
+        todo += [f["type_name"] for f in ours["messages"][name]["fields"].values() if f["type_name"]]
+        todo += [n for n in ours["messages"] if n.startswith(f"{name}.")]  # nested (map entries)
+    return seen
+
+
+def test_messages_we_receive_lack_no_triton_field(ours: dict[str, Any], triton: dict[str, Any]) -> None:
     # A field Triton has and we lack would be dropped (kept as unknown) by the router: tritonclient
-    # would send it and we would silently ignore it. Within the messages we define, none may be missing.
+    # would send it and we would silently ignore it. Within the messages a client sends, none may be
+    # missing. Messages we only send (ModelConfig's parts) may leave fields out: a client reads them
+    # as unset, which Triton's defaults mean too.
+    received = _received(ours)
+    assert "inference.ModelInferRequest.InferInputTensor" in received
+    assert "inference.ModelConfig" not in received
     missing = [
         f"{name}.{field}"
-        for name, message in ours["messages"].items()
+        for name in sorted(received)
         for field in triton["messages"][name]["fields"]
-        if field not in message["fields"]
+        if field not in ours["messages"][name]["fields"]
     ]
     assert not missing, f"fields Triton defines and we do not: {missing}"
+
+
+def test_every_enum_value_matches_triton(ours: dict[str, Any], triton: dict[str, Any]) -> None:
+    for name, values in ours["enums"].items():
+        assert values == triton["enums"].get(name), (
+            f"{name}: ours {values}, Triton {triton['enums'].get(name)}"
+        )
 
 
 def test_every_rpc_matches_triton(ours: dict[str, Any], triton: dict[str, Any]) -> None:

@@ -6,7 +6,8 @@ test_kserve_wire.py runs this file as a script for everything that needs Triton'
 `describe` (which touches no generated module) is imported into the test process as well.
 
 Commands (results are JSON on stdout):
-  describe                 Triton's grpc_service.proto, as `describe` renders a file
+  describe                 Triton's grpc_service.proto and model_config.proto, as `describe_all` renders
+                           them
   roundtrip                stdin {"type", "b64"}: parse with Triton's class; return it as a dict, and
                            re-serialized after rebuilding it from that dict with Triton's class
   client HOST:PORT         drive a server with tritonclient.grpc's public API; return what it saw
@@ -72,6 +73,17 @@ def describe(file_descriptor: Any) -> dict[str, Any]:
     return {"package": proto.package, "messages": messages, "enums": enums, "services": services}
 
 
+def describe_all(*file_descriptors: Any) -> dict[str, Any]:
+    """``describe`` of several files of one package, merged (Triton splits its protocol in two)."""
+    merged: dict[str, Any] = {"package": "", "messages": {}, "enums": {}, "services": {}}
+    for file_descriptor in file_descriptors:
+        one = describe(file_descriptor)
+        merged["package"] = merged["package"] or one["package"]
+        for key in ("messages", "enums", "services"):
+            merged[key].update(one[key])
+    return merged
+
+
 def _roundtrip(request: dict[str, str]) -> dict[str, Any]:
     from google.protobuf import json_format
     from tritonclient.grpc import service_pb2
@@ -133,9 +145,9 @@ def _client(url: str) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     command = argv[1] if len(argv) > 1 else ""
     if command == "describe":
-        from tritonclient.grpc import service_pb2
+        from tritonclient.grpc import model_config_pb2, service_pb2
 
-        result = describe(service_pb2.DESCRIPTOR)
+        result = describe_all(service_pb2.DESCRIPTOR, model_config_pb2.DESCRIPTOR)
     elif command == "roundtrip":
         result = _roundtrip(json.load(sys.stdin))
     elif command == "client" and len(argv) == 3:

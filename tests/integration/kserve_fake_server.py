@@ -21,8 +21,10 @@ import numpy as np
 from mcp_router.dataplane import (
     DataPlane,
     InferResult,
+    ModelConfigInfo,
     ModelIndexEntry,
     ModelMetadata,
+    ModelStats,
     RouteDecision,
     TensorMeta,
 )
@@ -68,6 +70,18 @@ class NumpyDataPlane(DataPlane):
         if not self.model_ready(model, version):
             raise NotFound(f"model {model} version {version or '(any)'} has no serving version")
         return ModelMetadata(model, ("1",), "numpy", (INPUT,), (OUTPUT,))
+
+    def model_config(self, model: str, version: str = "") -> ModelConfigInfo:
+        meta = self.model_metadata(model, version)
+        return ModelConfigInfo(
+            model, "1", "numpy", 8, meta.inputs, meta.outputs, None, 1, "cpu", meta.versions
+        )
+
+    async def model_statistics(self, model: str = "", version: str = "") -> list[ModelStats]:
+        names = [model] if model else [m for m in self.state if self.model_ready(m)]
+        for name in names:
+            self.model_metadata(name, version)
+        return [ModelStats(name, "1") for name in names]
 
     def route(self, model: str, version: str = "", routing_key: str = "") -> RouteDecision:
         self.model_metadata(model, version)

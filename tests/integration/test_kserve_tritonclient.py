@@ -1,7 +1,7 @@
 """Wire compatibility end to end: Triton's own client against ``KServeServicer`` on a real grpc.aio server.
 
 Two processes, because tritonclient's ``service_pb2`` and our ``grpc_service_pb2`` cannot share one:
-kserve_fake_server.py (the servicer over a numpy DataPlane, behind the errors interceptor) and
+kserve_fake_server.py (the servicer over a numpy DataPlane, behind the shared error mapping) and
 triton_client_script.py (tritonclient.grpc, which prints a JSON report). This process imports only ours.
 """
 
@@ -56,7 +56,7 @@ def test_health_and_server_metadata(run):
     assert report["server_metadata"] == {
         "name": "mcpmesh",
         "version": "0.1.0-test",
-        "extensions": ["model_repository"],
+        "extensions": ["model_repository", "model_configuration", "statistics"],
     }
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+import yaml
 from harness import (
     ClientLoad,
     RouterProcess,
@@ -255,6 +256,66 @@ def test_tritonclient_works_against_the_router_unchanged(mesh, repo, model, vers
     assert "INVALID_ARGUMENT" in errors["unknown_output"]["status"]
     if model == "demo-onnx":
         assert report["repository"]["after_unload"]["ready"] is False
+    _assert_model_config(report, repo, model, version or "1")
+    _assert_statistics(report, model, version or "1")
+
+
+def _assert_statistics(report, model: str, version: str) -> None:  # type: ignore[no-untyped-def]
+    """Triton's statistics, summed from the workers, moved by what the script ran between two reads:
+    at least its 2 successful requests of 4 + 1 rows, each queued and computed, none failed."""
+
+    def entry(stats):  # type: ignore[no-untyped-def]
+        [only] = [s for s in stats["model_stats"] if s["name"] == model and s["version"] == version]
+        return only
+
+    before, after = entry(report["statistics_before"]), entry(report["statistics_after"])
+
+    def grew(*path: str) -> int:
+        def get(doc):  # type: ignore[no-untyped-def]
+            for key in path:
+                doc = doc.get(key, {})
+            return int(doc or 0)
+
+        return get(after) - get(before)
+
+    assert grew("inference_stats", "success", "count") >= 2
+    assert grew("inference_stats", "fail", "count") == 0
+    assert grew("inference_count") >= 5
+    assert 1 <= grew("execution_count") <= grew("inference_stats", "success", "count")
+    assert grew("inference_stats", "queue", "count") == grew("inference_stats", "success", "count")
+    assert grew("inference_stats", "queue", "ns") > 0 and grew("inference_stats", "compute_infer", "ns") > 0
+    assert grew("inference_stats", "success", "ns") >= grew("inference_stats", "compute_infer", "ns") > 0
+    assert int(after["last_inference"]) > 0
+    assert any(int(b["batch_size"]) >= 1 for b in after["batch_stats"])
+    names = {(s["name"], s["version"]) for s in report["statistics_all"]["model_stats"]}
+    assert (model, version) in names and ("demo-mlp", "2") in names  # every serving version
+    assert "NOT_FOUND" in report["statistics_unknown_version"]["status"]
+
+
+def _assert_model_config(report, repo, model: str, version: str) -> None:  # type: ignore[no-untyped-def]
+    """Triton's ModelConfig, as tritonclient parsed it, says what the version's model.yaml says."""
+    spec = yaml.safe_load((repo / model / version / "model.yaml").read_text())
+    config = report["model_config"]["config"]
+    assert config["name"] == model
+    assert int(config.get("max_batch_size", 0)) == spec["max_batch_size"]
+    assert [(i["name"], i["data_type"], [int(d) for d in i["dims"]]) for i in config["input"]] == [
+        ("INPUT0", "TYPE_FP32", [64])  # the batch dimension left out, as Triton's dims do
+    ]
+    assert ("OUTPUT0", "TYPE_FP32", [16]) in [
+        (o["name"], o["data_type"], [int(d) for d in o["dims"]]) for o in config["output"]
+    ]
+    batching, declared = config["dynamic_batching"], spec["dynamic_batching"]
+    assert int(batching.get("max_queue_delay_microseconds", 0)) == declared["max_queue_delay_us"]
+    assert [int(n) for n in batching.get("preferred_batch_size", [])] == declared.get(
+        "preferred_batch_sizes", []
+    )
+    assert int(batching["default_queue_policy"]["max_queue_size"]) == declared["max_queue_size"]
+    assert version in config["version_policy"]["specific"]["versions"]
+    assert config["instance_group"][0]["kind"] == "KIND_CPU"
+    assert config["backend"] == {"onnx": "onnxruntime"}.get(spec["backend"], spec["backend"])
+    assert "NOT_FOUND" in report["unknown_model_config"]["status"]
+    assert "NOT_FOUND" in report["unknown_version_config"]["status"]
+    assert "no version 99" in report["unknown_version_config"]["message"]
 
 
 def test_mcpctl_operates_the_cluster(mesh):
@@ -283,3 +344,18 @@ def test_mcpctl_operates_the_cluster(mesh):
     assert bad.returncode == 1 and "canary" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
     missing = mcpctl("infer", "no-such-model")
     assert missing.returncode == 1 and "no-such-model" in missing.stderr
+
+
+def test_perf_analyzer_measures_the_router_over_grpc(mesh):
+    """Triton's perf_analyzer (installed by make setup) starts against the router and measures it: it
+    reads the model's metadata and config first, then runs a bounded closed loop with no errors."""
+    perf_analyzer = Path(__file__).resolve().parents[2] / "tools" / "perf_analyzer"
+    command = [str(perf_analyzer), "-m", "demo-mlp", "-i", "grpc", "-u", mesh["router"].endpoints["grpc"]]
+    command += ["--concurrency-range", "4", "--measurement-interval", "500", "--max-trials", "4"]
+    command += ["--stability-percentage", "100"]  # a short bounded run: what matters is that it runs
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    throughput = re.search(r"Throughput: ([0-9.]+) infer/sec", out)
+    assert throughput is not None and float(throughput.group(1)) > 0, out[-3000:]
+    assert "error" not in out.lower(), out[-3000:]

@@ -7,7 +7,8 @@ Works against any server of the protocol: tests/integration/kserve_fake_server.p
 (127.0.0.1:8001) or Triton itself. The model must take INPUT0 FP32 [-1, 64] and give OUTPUT0; the input
 batch is in the report ("input"), so a caller can compute the expected output. ``--repo-model`` is loaded,
 then unloaded (pass ``--no-repository`` where that would disturb a cluster). Errors the server is
-expected to give (unknown model, BYTES input, unknown output) are reported, not raised.
+expected to give (unknown model, BYTES input, unknown output) are reported, not raised. Statistics are
+taken before and after the inferences, so a caller can check what they added.
 
 It runs as its own process because tritonclient's generated ``service_pb2`` and our
 ``mcpapi.kserve.grpc_service_pb2`` both define ``inference.*`` and cannot share one process.
@@ -53,7 +54,18 @@ def _health_and_metadata(client: triton.InferenceServerClient, model: str, versi
         "unknown_model_metadata": _error(
             lambda: client.get_model_metadata("no-such-model", client_timeout=TIMEOUT_S)
         ),
+        "model_config": client.get_model_config(model, version, as_json=True, client_timeout=TIMEOUT_S),
+        "unknown_model_config": _error(
+            lambda: client.get_model_config("no-such-model", client_timeout=TIMEOUT_S)
+        ),
+        "unknown_version_config": _error(
+            lambda: client.get_model_config(model, "99", client_timeout=TIMEOUT_S)
+        ),
     }
+
+
+def _statistics(client: triton.InferenceServerClient, model: str, version: str) -> dict[str, Any]:
+    return client.get_inference_statistics(model, version, as_json=True, client_timeout=TIMEOUT_S)
 
 
 def _inference(client: triton.InferenceServerClient, model: str, version: str) -> dict[str, Any]:
@@ -139,7 +151,13 @@ def main(argv: list[str]) -> int:
     client = triton.InferenceServerClient(url)
     try:
         report = {"url": url} | _health_and_metadata(client, args.model, args.version)
+        report["statistics_before"] = _statistics(client, args.model, args.version)
         report |= _inference(client, args.model, args.version)
+        report["statistics_after"] = _statistics(client, args.model, args.version)
+        report["statistics_all"] = _statistics(client, "", "")
+        report["statistics_unknown_version"] = _error(
+            lambda: client.get_inference_statistics(args.model, "99", client_timeout=TIMEOUT_S)
+        )
         if not args.no_repository:
             report["repository"] = _repository(client, args.repo_model)
     finally:

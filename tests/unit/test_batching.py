@@ -267,6 +267,20 @@ async def test_a_failing_batch_fails_only_its_own_requests(make):
     assert isinstance(oom, ResourceExhausted) and oom.message == "GPU out of memory"
     assert good["OUTPUT0"][0, 0] == 2.0
     assert (await q.submit("later", row(2)))["OUTPUT0"][0, 0] == 3.0
+    t = q.totals  # ModelStatistics: the two failures counted as such, the good ones as executions
+    assert (t.success_count, t.fail_count, t.execution_count, t.inference_count) == (2, 2, 2, 2)
+
+
+async def test_totals_count_what_ran_as_triton_counts_it(make):
+    q = make().add_model("m/1", cfg(64, delay=0.005), Model(), SHARE)
+    await asyncio.gather(*(q.submit(f"r{i}", row(i, rows=2)) for i in range(8)))
+    t = q.totals
+    assert t.success_count == t.queue_count == t.compute_count == 8 and t.fail_count == 0
+    assert t.inference_count == 16 and 1 <= t.execution_count < 8  # rows, and batches
+    assert sum(b.count for b in t.batches.values()) == t.execution_count
+    assert sum(size * b.count for size, b in t.batches.items()) == 16  # sizes are rows
+    assert t.queue_ns > 0 and t.compute_infer_ns > 0 and t.success_ns >= t.queue_ns
+    assert t.last_inference_ms > 0
 
 
 async def test_wrong_outputs_are_internal_errors(make):

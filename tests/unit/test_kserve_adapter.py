@@ -7,9 +7,21 @@ import math
 import numpy as np
 import pytest
 
-from mcp_router.dataplane import DataPlane, InferResult, ModelIndexEntry, ModelMetadata, TensorMeta
+from mcp_router.dataplane import (
+    Batching,
+    BatchSizeStats,
+    DataPlane,
+    Duration,
+    InferResult,
+    ModelConfigInfo,
+    ModelIndexEntry,
+    ModelMetadata,
+    ModelStats,
+    TensorMeta,
+)
 from mcp_router.kserve import EXTENSIONS, KServeServicer
 from mcpapi.kserve import grpc_service_pb2 as pb
+from mcpapi.kserve import model_config_pb2 as mc
 from mcpcore import dtypes
 from mcpcore.errors import Internal, InvalidArgument, NotFound
 
@@ -39,6 +51,8 @@ class FakeDataPlane(DataPlane):
             ModelIndexEntry("demo-mlp", "1", "READY"),
             ModelIndexEntry("demo-onnx", "2", "UNAVAILABLE", "no worker has room"),
         ]
+        self.config: ModelConfigInfo | None = None
+        self.stats: list[ModelStats] = []
 
     def live(self) -> bool:
         return True
@@ -61,6 +75,16 @@ class FakeDataPlane(DataPlane):
             (TensorMeta("INPUT0", "FP32", (-1, 64)),),
             (TensorMeta("OUTPUT0", "FP32", (-1, 16)),),
         )
+
+    def model_config(self, model: str, version: str = "") -> ModelConfigInfo:
+        self.calls.append(("model_config", (model, version), {}))
+        if self.config is None:
+            raise NotFound(f"model {model} has no serving version")
+        return self.config
+
+    async def model_statistics(self, model: str = "", version: str = "") -> list[ModelStats]:
+        self.calls.append(("model_statistics", (model, version), {}))
+        return self.stats
 
     def route(self, model, version="", routing_key=""):  # type: ignore[no-untyped-def]
         raise AssertionError("the KServe adapter never routes by itself")
@@ -153,6 +177,88 @@ async def test_model_metadata_converts_every_field(svc, dp):
 async def test_model_metadata_not_found_propagates(svc):
     with pytest.raises(NotFound, match="model ghost has no serving version"):
         await svc.ModelMetadata(pb.ModelMetadataRequest(name="ghost"), None)
+
+
+async def test_model_config_converts_every_field(svc, dp):
+    dp.config = ModelConfigInfo(
+        "demo-onnx", "2", "onnx", 32,
+        (TensorMeta("INPUT0", "FP32", (-1, 64)), TensorMeta("TEXT", "BYTES", (-1,))),
+        (TensorMeta("OUTPUT0", "BF16", (-1, 16)),),
+        Batching(2000, (8, 16), 3, 2, 500_000, 128), 2, "gpu", ("1", "2", "10"),
+    )  # fmt: skip
+    config = (await svc.ModelConfig(pb.ModelConfigRequest(name="demo-onnx", version="2"), None)).config
+    assert dp.calls == [("model_config", ("demo-onnx", "2"), {})]
+    assert (config.name, config.backend, config.platform) == ("demo-onnx", "onnxruntime", "onnxruntime_onnx")
+    assert config.max_batch_size == 32 and list(config.version_policy.specific.versions) == [1, 2, 10]
+    assert [(i.name, mc.DataType.Name(i.data_type), list(i.dims)) for i in config.input] == [
+        ("INPUT0", "TYPE_FP32", [64]),  # no batch dimension: the model batches
+        ("TEXT", "TYPE_STRING", []),
+    ]
+    assert [(o.name, mc.DataType.Name(o.data_type), list(o.dims)) for o in config.output] == [
+        ("OUTPUT0", "TYPE_BF16", [16])
+    ]
+    b = config.dynamic_batching
+    assert (list(b.preferred_batch_size), b.max_queue_delay_microseconds) == ([8, 16], 2000)
+    assert (b.priority_levels, b.default_priority_level) == (3, 2)
+    q = b.default_queue_policy
+    assert (q.default_timeout_microseconds, q.max_queue_size, q.allow_timeout_override) == (
+        500_000,
+        128,
+        True,
+    )
+    [group] = config.instance_group
+    assert (group.count, mc.ModelInstanceGroup.Kind.Name(group.kind)) == (2, "KIND_GPU")
+    assert config.model_transaction_policy.decoupled is False
+
+
+async def test_model_config_of_a_model_that_does_not_batch_keeps_every_dim(svc, dp):
+    dp.config = ModelConfigInfo(
+        "m", "1", "numpy", 0, (TensorMeta("X", "INT64", (3, 4)),), (), None, 1, "cpu", ("1",)
+    )
+    config = (await svc.ModelConfig(pb.ModelConfigRequest(name="m"), None)).config
+    assert list(config.input[0].dims) == [3, 4] and not config.HasField("dynamic_batching")
+    assert (config.backend, config.platform) == ("numpy", "")
+
+
+async def test_model_config_needs_a_name_and_not_found_propagates(svc, dp):
+    with pytest.raises(InvalidArgument, match="model_name is empty"):
+        await svc.ModelConfig(pb.ModelConfigRequest(), None)
+    with pytest.raises(NotFound, match="no serving version"):
+        await svc.ModelConfig(pb.ModelConfigRequest(name="ghost"), None)
+
+
+async def test_model_statistics_converts_every_field(svc, dp):
+    d = Duration
+    dp.stats = [
+        ModelStats(
+            "m", "1", 1234, 10, 3, d(4, 400), d(1, 10), d(4, 40), d(4, 4), d(4, 80), d(4, 8),
+            (BatchSizeStats(2, d(1, 1), d(1, 20), d(1, 2)), BatchSizeStats(8, d(2, 3), d(2, 60), d(2, 6))),
+        )
+    ]  # fmt: skip
+    reply = await svc.ModelStatistics(pb.ModelStatisticsRequest(name="m"), None)
+    assert dp.calls == [("model_statistics", ("m", ""), {})]
+    [s] = reply.model_stats
+    assert (s.name, s.version, s.last_inference, s.inference_count, s.execution_count) == (
+        "m",
+        "1",
+        1234,
+        10,
+        3,
+    )
+    i = s.inference_stats
+    assert [(x.count, x.ns) for x in (i.success, i.fail, i.queue)] == [(4, 400), (1, 10), (4, 40)]
+    assert [(x.count, x.ns) for x in (i.compute_input, i.compute_infer, i.compute_output)] == [
+        (4, 4), (4, 80), (4, 8)
+    ]  # fmt: skip
+    assert [(b.batch_size, b.compute_infer.count, b.compute_infer.ns) for b in s.batch_stats] == [
+        (2, 1, 20), (8, 2, 60)
+    ]  # fmt: skip
+
+
+async def test_model_statistics_of_a_version_needs_the_model(svc, dp):
+    with pytest.raises(InvalidArgument, match="a version needs a model name"):
+        await svc.ModelStatistics(pb.ModelStatisticsRequest(version="1"), None)
+    assert dp.calls == []
 
 
 # --- inputs ----------------------------------------------------------------------------------------------

@@ -251,8 +251,8 @@ def _guard(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler
 class GuardedServer:
     """What a generated ``add_*Servicer_to_server(servicer, ...)`` is given in place of a ``grpc.aio``
     server: it registers each of the service's methods with the MCPError mapping wrapped around it, once,
-    at registration. (An interceptor did the same on every call, and cost the router a tenth of its CPU
-    per request.) The generated code registers each service twice, as a generic handler and by method
+    at registration (an interceptor did it on every call: an awaited continuation and a new handler per
+    call). The generated code registers each service twice, as a generic handler and by method
     name; both are built here from the named methods, so ``add_generic_rpc_handlers`` is a no-op."""
 
     def __init__(self, server: grpc.aio.Server) -> None:

@@ -12,7 +12,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["DataPlane", "InferResult", "ModelIndexEntry", "ModelMetadata", "RouteDecision", "TensorMeta"]
+__all__ = [
+    "BatchSizeStats",
+    "Batching",
+    "DataPlane",
+    "Duration",
+    "InferResult",
+    "ModelConfigInfo",
+    "ModelIndexEntry",
+    "ModelMetadata",
+    "ModelStats",
+    "RouteDecision",
+    "TensorMeta",
+]
 
 
 @dataclass(frozen=True)
@@ -29,6 +41,69 @@ class ModelMetadata:
     platform: str  # the backend, e.g. "numpy" or "onnx"
     inputs: tuple[TensorMeta, ...]
     outputs: tuple[TensorMeta, ...]
+
+
+@dataclass(frozen=True)
+class Batching:
+    """A model's dynamic batching, as its model.yaml says."""
+
+    max_queue_delay_us: int
+    preferred_batch_sizes: tuple[int, ...]
+    priority_levels: int
+    default_priority_level: int
+    default_queue_timeout_us: int  # 0: no limit
+    max_queue_size: int  # 0: only the worker's own bounds
+
+
+@dataclass(frozen=True)
+class ModelConfigInfo:
+    """One version's configuration (KServe / Triton ModelConfig), from the replicas that serve it."""
+
+    name: str
+    version: str
+    backend: str
+    max_batch_size: int  # 0: the model does not batch
+    inputs: tuple[TensorMeta, ...]  # shapes with the batch dimension, as metadata gives them
+    outputs: tuple[TensorMeta, ...]
+    dynamic_batching: Batching | None
+    instance_count: int
+    device: str  # "cpu" or "gpu"
+    versions: tuple[str, ...]  # the versions serving now (the version policy)
+
+
+@dataclass(frozen=True)
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def __add__(self, other: Duration) -> Duration:
+        return Duration(self.count + other.count, self.ns + other.ns)
+
+
+@dataclass(frozen=True)
+class BatchSizeStats:
+    batch_size: int
+    compute_input: Duration = Duration()
+    compute_infer: Duration = Duration()
+    compute_output: Duration = Duration()
+
+
+@dataclass(frozen=True)
+class ModelStats:
+    """One version's cumulative figures over the workers that hold it (KServe ModelStatistics)."""
+
+    name: str
+    version: str
+    last_inference_ms: int = 0
+    inference_count: int = 0
+    execution_count: int = 0
+    success: Duration = Duration()
+    fail: Duration = Duration()
+    queue: Duration = Duration()
+    compute_input: Duration = Duration()
+    compute_infer: Duration = Duration()
+    compute_output: Duration = Duration()
+    batches: tuple[BatchSizeStats, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -70,7 +145,17 @@ class DataPlane(abc.ABC):
 
     @abc.abstractmethod
     def model_metadata(self, model: str, version: str = "") -> ModelMetadata:
-        """``NotFound`` when the model has no serving version."""
+        """The version's metadata (no version: the one a request without one goes to); ``NotFound``
+        when the model or that version has no serving replica."""
+
+    @abc.abstractmethod
+    def model_config(self, model: str, version: str = "") -> ModelConfigInfo:
+        """The version's configuration, chosen and failing as ``model_metadata``."""
+
+    @abc.abstractmethod
+    async def model_statistics(self, model: str = "", version: str = "") -> list[ModelStats]:
+        """Every serving version of ``model`` (empty: of every model), or only ``version``; ``NotFound``
+        as ``model_metadata`` for a model or version asked for by name."""
 
     @abc.abstractmethod
     def route(self, model: str, version: str = "", routing_key: str = "") -> RouteDecision: ...

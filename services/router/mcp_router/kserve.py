@@ -5,8 +5,8 @@ protobuf to numpy and DataPlane values and back, and holds no routing logic.
 
 Invariants:
 - Protobuf stops here: the DataPlane sees names, numpy arrays and plain values only.
-- Errors are raised as ``MCPError``s (``InvalidArgument`` naming the tensor or parameter); the errors
-  interceptor turns them into statuses, so nothing here calls ``context.abort``.
+- Errors are raised as ``MCPError``s (``InvalidArgument`` naming the tensor or parameter); the shared
+  error mapping (``GuardedServer``) turns them into statuses, so nothing here calls ``context.abort``.
 - Raw input bytes become arrays with ``np.frombuffer`` (no copy; the arrays are read-only). Raw bytes are
   little-endian on the wire, read and written as such. Typed ``contents`` (the slow path) are copied.
 - Only numeric tensors are served: BYTES and BF16 are refused with ``InvalidArgument``, as are shared
@@ -25,17 +25,19 @@ from typing import Any
 
 import numpy as np
 
-from mcp_router.dataplane import DataPlane, InferResult, TensorMeta
+from mcp_router.dataplane import DataPlane, Duration, InferResult, ModelConfigInfo, ModelStats, TensorMeta
 from mcpapi.kserve import grpc_service_pb2 as pb
 from mcpapi.kserve import grpc_service_pb2_grpc as pb_grpc
+from mcpapi.kserve import model_config_pb2 as mc
 from mcpcore import dtypes
 from mcpcore.errors import Internal, InvalidArgument
 
 __all__ = ["EXTENSIONS", "SERVER_NAME", "InferOptions", "KServeServicer", "decode_inputs", "infer_options"]
 
 SERVER_NAME = "mcpmesh"
-#: Protocol extensions served (ServerMetadata): Triton's model repository (index, load, unload).
-EXTENSIONS = ("model_repository",)
+#: Protocol extensions served (ServerMetadata): Triton's model repository (index, load, unload), model
+#: configuration (ModelConfig) and statistics (ModelStatistics).
+EXTENSIONS = ("model_repository", "model_configuration", "statistics")
 
 # Which InferTensorContents field carries each datatype; FP16 and BF16 travel as raw bytes only.
 _TYPED_FIELD = {
@@ -94,6 +96,18 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
             inputs=[_tensor_metadata(t) for t in meta.inputs],
             outputs=[_tensor_metadata(t) for t in meta.outputs],
         )
+
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
+        config = self._dataplane.model_config(_model_name(request.name), request.version)
+        return pb.ModelConfigResponse(config=model_config_proto(config))
+
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: Any
+    ) -> pb.ModelStatisticsResponse:
+        if request.version and not request.name:
+            raise InvalidArgument("a version needs a model name; name the model, or leave both empty")
+        stats = await self._dataplane.model_statistics(request.name, request.version)
+        return pb.ModelStatisticsResponse(model_stats=[_statistics(s) for s in stats])
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         if not request.model_name:
@@ -165,6 +179,110 @@ def _model_name(name: str) -> str:
 
 def _tensor_metadata(t: TensorMeta) -> pb.ModelMetadataResponse.TensorMetadata:
     return pb.ModelMetadataResponse.TensorMetadata(name=t.name, datatype=t.dtype, shape=t.shape)
+
+
+# --- statistics --------------------------------------------------------------------------------------
+
+
+def _duration(d: Duration) -> pb.StatisticDuration:
+    return pb.StatisticDuration(count=d.count, ns=d.ns)
+
+
+def _statistics(s: ModelStats) -> pb.ModelStatistics:
+    return pb.ModelStatistics(
+        name=s.name,
+        version=s.version,
+        last_inference=s.last_inference_ms,
+        inference_count=s.inference_count,
+        execution_count=s.execution_count,
+        inference_stats=pb.InferStatistics(
+            success=_duration(s.success),
+            fail=_duration(s.fail),
+            queue=_duration(s.queue),
+            compute_input=_duration(s.compute_input),
+            compute_infer=_duration(s.compute_infer),
+            compute_output=_duration(s.compute_output),
+        ),
+        batch_stats=[
+            pb.InferBatchStatistics(
+                batch_size=b.batch_size,
+                compute_input=_duration(b.compute_input),
+                compute_infer=_duration(b.compute_infer),
+                compute_output=_duration(b.compute_output),
+            )
+            for b in s.batches
+        ],
+    )
+
+
+# --- model configuration -----------------------------------------------------------------------------
+
+# Triton's names for our backends: (backend, platform)
+_BACKEND = {"onnx": ("onnxruntime", "onnxruntime_onnx")}
+_DATA_TYPES = frozenset(mc.DataType.keys())
+
+
+def _config_dtype(dtype: str) -> int:
+    """A datatype string as model_config's DataType: "FP32" -> TYPE_FP32, "BYTES" -> TYPE_STRING."""
+    name = "TYPE_STRING" if dtype == "BYTES" else f"TYPE_{dtype}"
+    return mc.DataType.Value(name) if name in _DATA_TYPES else mc.TYPE_INVALID
+
+
+def model_config_proto(info: ModelConfigInfo) -> mc.ModelConfig:
+    """Triton's ModelConfig for one version. Dims leave out the batch dimension when the model batches
+    (max_batch_size > 0), as Triton's do; the queue policy rejects on timeout, and a request's own
+    deadline may shorten the wait (the worker waits min(policy, deadline))."""
+    batched = info.max_batch_size > 0
+    backend, platform = _BACKEND.get(info.backend, (info.backend, ""))
+    config = mc.ModelConfig(
+        name=info.name,
+        platform=platform,
+        backend=backend,
+        max_batch_size=info.max_batch_size,
+        version_policy=mc.ModelVersionPolicy(
+            specific=mc.ModelVersionPolicy.Specific(versions=[int(v) for v in info.versions])
+        ),
+        input=[
+            mc.ModelInput(
+                name=t.name, data_type=_config_dtype(t.dtype), dims=t.shape[1:] if batched else t.shape
+            )
+            for t in info.inputs
+        ],
+        output=[
+            mc.ModelOutput(
+                name=t.name, data_type=_config_dtype(t.dtype), dims=t.shape[1:] if batched else t.shape
+            )
+            for t in info.outputs
+        ],
+        instance_group=[
+            mc.ModelInstanceGroup(
+                name=f"{info.name}_{info.version}",
+                count=info.instance_count,
+                kind=mc.ModelInstanceGroup.KIND_GPU
+                if info.device == "gpu"
+                else mc.ModelInstanceGroup.KIND_CPU,
+            )
+        ],
+        model_transaction_policy=mc.ModelTransactionPolicy(decoupled=False),
+    )
+    batching = info.dynamic_batching
+    if batching is not None:
+        levels = batching.priority_levels if batching.priority_levels > 1 else 0  # Triton: 0 = no levels
+        config.dynamic_batching.CopyFrom(
+            mc.ModelDynamicBatching(
+                preferred_batch_size=batching.preferred_batch_sizes,
+                max_queue_delay_microseconds=batching.max_queue_delay_us,
+                priority_levels=levels,
+                default_priority_level=batching.default_priority_level if levels else 0,
+                default_queue_policy=mc.ModelQueuePolicy(
+                    timeout_action=mc.ModelQueuePolicy.REJECT,
+                    default_timeout_microseconds=batching.default_queue_timeout_us,
+                    allow_timeout_override=True,
+                    max_queue_size=batching.max_queue_size,
+                ),
+            )
+        )
+    return config
 
 
 # --- inputs ------------------------------------------------------------------------------------------

@@ -27,11 +27,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mcp_router import model_stats
 from mcp_router.dataplane import (
     DataPlane,
     InferResult,
+    ModelConfigInfo,
     ModelIndexEntry,
     ModelMetadata,
+    ModelStats,
     RouteDecision,
 )
 from mcp_router.forwarder import Forwarder, MayHaveStarted, NotSent
@@ -161,11 +164,53 @@ class Router(DataPlane):
             return False
         return bool(route.rings.get(version)) if version else bool(route.rings)
 
-    def model_metadata(self, model: str, version: str = "") -> ModelMetadata:
+    def _described(self, model: str, version: str) -> tuple[ModelRoute, str]:
+        """The route and the version that metadata and config describe: the one asked for, else the
+        one a request without a version goes to."""
         route = self._model(model)
-        if route.metadata is None or (version and version not in route.rings):
+        chosen = version or route.default_version()
+        if chosen is None or chosen not in route.rings:
+            if version and not route.knows(version):
+                declared = sorted(route.declared | set(route.rings), key=int)
+                raise NotFound(f"model {model} has no version {version}; it declares {declared}")
             raise NotFound(f"model {model}{'/' + version if version else ''} has no RUNNING replica")
-        return route.metadata
+        return route, chosen
+
+    def model_metadata(self, model: str, version: str = "") -> ModelMetadata:
+        route, chosen = self._described(model, version)
+        meta = route.metadata.get(chosen)
+        if meta is None:
+            raise NotFound(f"model {model}/{chosen}: its replicas' records carry no metadata")
+        return meta
+
+    def model_config(self, model: str, version: str = "") -> ModelConfigInfo:
+        route, chosen = self._described(model, version)
+        config = route.configs.get(chosen)
+        if config is None:
+            raise Unavailable(
+                f"model {model}/{chosen}: its replicas' records carry no configuration (workers of an "
+                "older release); reload it on current workers"
+            )
+        return config
+
+    async def model_statistics(self, model: str = "", version: str = "") -> list[ModelStats]:
+        """The workers' own totals, summed per version (``model_stats``); versions in integer order."""
+        table = self._snap.table
+        if model:
+            route = self._model(model)
+            if version and version not in route.rings:
+                self._described(model, version)  # raises the NotFound metadata would give
+            routes = [route]
+        else:
+            routes = [r for _, r in sorted(table.models.items())]
+        wanted = {
+            (r.name, v): r.rings[v].nodes
+            for r in routes
+            for v in sorted(r.rings, key=int)
+            if not version or v == version
+        }
+        addresses = {w: e.grpc for w, e in table.workers.items()}
+        return await model_stats.collect(wanted, addresses, on_missing=self._stats.stats_missing)
 
     def index(self) -> list[ModelIndexEntry]:
         out = []

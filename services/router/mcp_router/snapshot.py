@@ -26,10 +26,10 @@ import logging
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from mcp_router.dataplane import ModelMetadata, TensorMeta
+from mcp_router.dataplane import Batching, ModelConfigInfo, ModelMetadata, TensorMeta
 from mcp_router.ring import HashRing
 from mcpcore.breaker import BreakerDoc, parse_breaker, parse_policy
 from mcpcore.errors import InvalidArgument
@@ -51,6 +51,7 @@ class WorkerEndpoint:
     incarnation: str = ""
     capacity: float = 1.0
     draining: bool = False
+    grpc: str = ""  # its WorkerControl address (model statistics)
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,8 @@ class ModelRoute:
     breaker: BreakerDoc = field(default_factory=BreakerDoc)
     fallback_version: str | None = None
     load_on_demand: bool = False
-    metadata: ModelMetadata | None = None
+    metadata: Mapping[str, ModelMetadata] = field(default_factory=dict)  # version -> its own metadata
+    configs: Mapping[str, ModelConfigInfo] = field(default_factory=dict)  # version -> its configuration
     declared: frozenset[str] = frozenset()  # versions the spec names (any other is NOT_FOUND)
     idempotent: Mapping[str, bool] = field(default_factory=dict)  # version -> may run twice (unsaid: no)
     max_ongoing: Mapping[str, int] = field(default_factory=dict)  # version -> requests per replica
@@ -79,6 +81,13 @@ class ModelRoute:
 
     def knows(self, version: str) -> bool:
         return version in self.declared or version in self.rings
+
+    def default_version(self) -> str | None:
+        """The version a request without one goes to when the breaker is down: the split's stable one,
+        else the highest RUNNING version (versions compare as integers: "10" is newer than "9")."""
+        if self.routing is not None and self.routing.stable in self.rings:
+            return self.routing.stable
+        return max(self.rings, key=int) if self.rings else None
 
 
 @dataclass(frozen=True)
@@ -266,6 +275,7 @@ class Snapshots:
             str(doc.get("incarnation", "")),
             float(capacity) if valid else 1.0,
             bool(doc.get("draining")),
+            str(doc.get("grpc", "")),
         )
         return "*"
 
@@ -335,14 +345,18 @@ class Snapshots:
 
     def _build(self, model: str) -> ModelRoute | None:
         running: dict[str, dict[str, float]] = {}
-        metadata = None
+        metadata: dict[str, ModelMetadata] = {}
+        configs: dict[str, ModelConfigInfo] = {}
         idempotent: dict[str, bool] = {}
         ongoing: dict[str, int] = {}
         secondary: dict[str, frozenset[str]] = {}
         for (version, worker), doc in sorted(self._running(model).items()):
             endpoint = self._workers.get(worker) or self._ghosts[worker].endpoint
             running.setdefault(version, {})[worker] = endpoint.capacity
-            metadata = metadata or _metadata(model, doc)
+            if version not in metadata and (meta := _metadata(model, doc)) is not None:
+                metadata[version] = meta
+                if (config := _config(model, version, doc, meta)) is not None:
+                    configs[version] = config
             info = doc.get("info") or {}
             # a record that does not say is taken as not idempotent: never run twice on a guess
             idempotent[version] = idempotent.get(version, True) and info.get("idempotent") is True
@@ -355,10 +369,9 @@ class Snapshots:
         spec = self._specs.get(model, {})
         if not running and model not in self._routing and not spec:
             return None
-        if metadata is not None:
-            metadata = ModelMetadata(
-                model, tuple(sorted(running, key=int)), metadata.platform, metadata.inputs, metadata.outputs
-            )
+        serving = tuple(sorted(running, key=int))
+        metadata = {v: replace(m, versions=serving) for v, m in metadata.items()}
+        configs = {v: replace(c, versions=serving) for v, c in configs.items()}
         fallback = spec.get("fallback_version")
         versions = spec.get("versions")
         declared = frozenset(str(v) for v in versions) if isinstance(versions, list) else frozenset()
@@ -370,6 +383,7 @@ class Snapshots:
             fallback_version=str(fallback) if fallback not in (None, "") else None,
             load_on_demand=bool(spec.get("load_on_demand", False)),
             metadata=metadata,
+            configs=configs,
             declared=declared | ({str(fallback)} if fallback not in (None, "") else frozenset()),
             idempotent=idempotent,
             max_ongoing=ongoing,
@@ -426,3 +440,40 @@ def _metadata(model: str, doc: Mapping[str, Any]) -> ModelMetadata | None:
     except (KeyError, TypeError):
         return None
     return ModelMetadata(model, (), str(info.get("platform", "")), inputs, outputs)
+
+
+def _int(value: Any, default: int = 0) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
+
+
+def _config(model: str, version: str, doc: Mapping[str, Any], meta: ModelMetadata) -> ModelConfigInfo | None:
+    """The version's configuration from its replica record (None: a record from before workers wrote
+    one, or one that is not well formed: ModelConfig then says so)."""
+    summary = (doc.get("info") or {}).get("config")
+    if not isinstance(summary, dict):
+        return None
+    batching = summary.get("dynamic_batching")
+    dynamic = None
+    if isinstance(batching, dict):
+        sizes = batching.get("preferred_batch_sizes")
+        dynamic = Batching(
+            max_queue_delay_us=_int(batching.get("max_queue_delay_us")),
+            preferred_batch_sizes=tuple(n for n in sizes if _int(n) > 0) if isinstance(sizes, list) else (),
+            priority_levels=_int(batching.get("priority_levels"), 1),
+            default_priority_level=_int(batching.get("default_priority_level"), 1),
+            default_queue_timeout_us=_int(batching.get("default_queue_timeout_us")),
+            max_queue_size=_int(batching.get("max_queue_size")),
+        )
+    device = summary.get("device")
+    return ModelConfigInfo(
+        name=model,
+        version=version,
+        backend=meta.platform,
+        max_batch_size=_int(summary.get("max_batch_size")),
+        inputs=meta.inputs,
+        outputs=meta.outputs,
+        dynamic_batching=dynamic,
+        instance_count=_int(summary.get("instance_count"), 1),
+        device=device if device in ("cpu", "gpu") else "cpu",
+        versions=(),
+    )

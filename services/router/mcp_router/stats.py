@@ -62,6 +62,11 @@ class RouterMetrics(RequestMetrics):
             "mcp_router_late_replies_total",
             "Replies that came after the router gave up on their request; dropped by id.",
         )
+        self.stats_missing = self.counter(
+            "mcp_router_stats_unanswered_total",
+            "Workers left out of a ModelStatistics answer because they did not answer in time.",
+            ("worker",),
+        )
 
 
 class RequestStats:
@@ -95,6 +100,9 @@ class RequestStats:
 
     def may_have_started(self, model: str) -> None:
         self.metrics.may_have_started.labels(model).inc()
+
+    def stats_missing(self, worker: str) -> None:
+        self.metrics.stats_missing.labels(worker).inc()
 
     def demand(self, model: str) -> None:
         self._demand[model] += 1

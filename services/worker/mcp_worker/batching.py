@@ -42,6 +42,7 @@ import numpy as np
 from mcp_worker.batch_policy import BatchConfig, BatchPolicy, Request
 from mcp_worker.buffers import BatchBuffers
 from mcp_worker.sharing import ModelShare, StrideScheduler, calculate_weights
+from mcp_worker.totals import Phases, Totals
 from mcpcore.errors import (
     DeadlineExceeded,
     Internal,
@@ -184,6 +185,7 @@ class ModelQueue:
         self._paused = False
         self._in_flight = self._requests_total = self._batches_total = self._errors_total = 0
         self._recent: deque[tuple[int, int, float, float]] = deque(maxlen=_RECENT)
+        self.totals = Totals()  # since load: ModelStatistics
 
     async def submit(
         self,
@@ -229,11 +231,16 @@ class ModelQueue:
         self._left()
         self._dispatcher.wake()
         try:
-            return await future
+            outputs = await future
         except asyncio.CancelledError:  # the client is gone: free its place if it is still queued
             if self.policy.remove(req):
                 self._left()
             raise
+        except BaseException:
+            self.totals.answered(False, self._dispatcher.clock() - now)
+            raise
+        self.totals.answered(True, self._dispatcher.clock() - now)
+        return outputs
 
     def _admit(self, priority: int | None) -> int:
         """The request's priority level, if this queue admits it now."""
@@ -340,6 +347,7 @@ class ModelQueue:
         """Account a batch that starts; returns its mean queue time."""
         self._in_flight += len(batch)
         waits = [now - r.arrival for r in batch]
+        self.totals.queued(waits)
         self._metrics.observe_batch(waits, sum(r.rows for r in batch), self.config.max_batch_size)
         self._left()
         return sum(waits) / len(waits)
@@ -350,13 +358,31 @@ class ModelQueue:
         self._recent.append((len(batch), sum(r.rows for r in batch), exec_s, queue_s))
         self._left()
 
-    def work(self, batch: list[_Pending]) -> list[Tensors]:
-        """Runs in the executor: concatenate along axis 0, run, split the outputs back by rows."""
-        inputs = cast(list[Tensors], [r.inputs for r in batch])
+    def work(self, batch: list[_Pending]) -> tuple[list[Tensors], Phases]:
+        """Runs in the executor: concatenate along axis 0, run, split the outputs back by rows; returns
+        each request's outputs and the time of each phase (accounted on the loop, ``executed``)."""
+        started = time.perf_counter_ns()
+        marks: list[int] = []
         skip = batch[0].skip  # a batch shares it (it is part of the shape key)
-        run: Callable[[Tensors], Any] = (
-            (lambda x: self._run_batch(x, skip=skip)) if skip else self._run_batch  # type: ignore[call-arg]
-        )
+
+        def run(x: Tensors) -> Any:
+            marks.append(time.perf_counter_ns())
+            try:
+                return self._run_batch(x, skip=skip) if skip else self._run_batch(x)  # type: ignore[call-arg]
+            finally:
+                marks.append(time.perf_counter_ns())
+
+        results = self._assemble_run_split(batch, run)
+        done = time.perf_counter_ns()
+        ran, finished = (marks[0], marks[1]) if len(marks) == 2 else (done, done)
+        return results, Phases(ran - started, finished - ran, done - finished)
+
+    def executed(self, batch: list[_Pending], phases: Phases) -> None:
+        """A batch ran (on the loop, after ``work``): its totals."""
+        self.totals.executed(len(batch), sum(r.rows for r in batch), phases)
+
+    def _assemble_run_split(self, batch: list[_Pending], run: Callable[[Tensors], Any]) -> list[Tensors]:
+        inputs = cast(list[Tensors], [r.inputs for r in batch])
         if not self.config.batched:
             return _split(run(inputs[0]), None, self.key)
         rows = [r.rows for r in batch]
@@ -569,7 +595,9 @@ class Dispatcher:
     async def _execute(self, batch_id: int, queue: ModelQueue, batch: list[_Pending], queue_s: float) -> None:
         started = time.perf_counter()
         try:
-            results = await asyncio.get_running_loop().run_in_executor(self._executor, queue.work, batch)
+            results, phases = await asyncio.get_running_loop().run_in_executor(
+                self._executor, queue.work, batch
+            )
         except asyncio.CancelledError:
             for req in batch:
                 _answer(req, Unavailable(f"worker shutting down while running {queue.key}; retry"))
@@ -585,6 +613,7 @@ class Dispatcher:
             queue.finish(batch, time.perf_counter() - started, queue_s)
             self.last_active = time.time()
             self._wake.set()
+        queue.executed(batch, phases)
         await _answer_spread(batch, results)
 
 

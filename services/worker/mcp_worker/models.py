@@ -83,6 +83,7 @@ class Replica:
             "secondary": list(config.qos.secondary_features),
             "idempotent": config.idempotent,
             "max_ongoing_requests": config.max_ongoing_requests,
+            "config": _config_summary(config),
         }
 
     @property
@@ -441,6 +442,26 @@ def _apply(config: ModelConfig, o: LoadOverrides | None) -> ModelConfig:
             config.dynamic_batching, max_queue_delay_us=o.max_queue_delay_us
         )
     return replace(config, **changes)
+
+
+def _config_summary(config: ModelConfig) -> dict[str, Any]:
+    """How the replica batches and where it runs, as routers report it (KServe ModelConfig)."""
+    batching = config.dynamic_batching
+    return {
+        "max_batch_size": config.max_batch_size,
+        "instance_count": config.instance_count,
+        "device": "gpu" if config.backend == "cuda" else "cpu",
+        "dynamic_batching": None
+        if batching is None
+        else {
+            "max_queue_delay_us": batching.max_queue_delay_us,
+            "preferred_batch_sizes": list(batching.preferred_batch_sizes),
+            "priority_levels": batching.priority_levels,
+            "default_priority_level": batching.default_priority_level,
+            "default_queue_timeout_us": batching.default_queue_timeout_us,
+            "max_queue_size": batching.max_queue_size,
+        },
+    }
 
 
 def _signature(tensors: tuple[TensorSpec, ...]) -> list[dict[str, Any]]:

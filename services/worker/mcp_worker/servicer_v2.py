@@ -1,7 +1,7 @@
 """``mcpapi.v2.WorkerControl``: a thin adapter from protobuf to ``ModelManager`` and back.
 
 Validation of names and versions happens in the manager (``keys.check_*``); errors are ``MCPError``s that
-the shared interceptor turns into statuses. Every call that changes state first passes the fence
+the shared error mapping turns into statuses. Every call that changes state first passes the fence
 (``mcpcore.fencing.FenceCheck``): a call from a deposed scheduler or health leader is refused before it
 touches anything. No other logic lives here.
 """
@@ -13,6 +13,7 @@ import time
 import grpc
 
 from mcp_worker.models import LoadOverrides, ModelManager, Replica
+from mcp_worker.totals import Totals
 from mcpapi.v2 import model_pb2, worker_pb2, worker_pb2_grpc
 from mcpcore import dtypes
 from mcpcore.errors import InvalidArgument
@@ -127,6 +128,7 @@ class WorkerControlServicer(worker_pb2_grpc.WorkerControlServicer):
                     in_flight=q.in_flight,
                     max_batch_size=replica.max_batch_size,  # in force: a breaker may halve it
                     requests_total=q.requests_total,
+                    totals=_totals(replica.queue.totals),
                 )
             )
         return worker_pb2.StatsResponse(
@@ -136,3 +138,27 @@ class WorkerControlServicer(worker_pb2_grpc.WorkerControlServicer):
             memory_used_bytes=self._m.budget.used,
             as_of_unix_ms=int(time.time() * 1000),
         )
+
+
+def _totals(t: Totals) -> worker_pb2.ReplicaTotals:
+    d = worker_pb2.Duration
+    return worker_pb2.ReplicaTotals(
+        success=d(count=t.success_count, ns=t.success_ns),
+        fail=d(count=t.fail_count, ns=t.fail_ns),
+        queue=d(count=t.queue_count, ns=t.queue_ns),
+        compute_input=d(count=t.compute_count, ns=t.compute_input_ns),
+        compute_infer=d(count=t.compute_count, ns=t.compute_infer_ns),
+        compute_output=d(count=t.compute_count, ns=t.compute_output_ns),
+        inference_count=t.inference_count,
+        execution_count=t.execution_count,
+        last_inference_ms=t.last_inference_ms,
+        batches=[
+            worker_pb2.BatchSizeTotals(
+                batch_size=size,
+                compute_input=d(count=b.count, ns=b.input_ns),
+                compute_infer=d(count=b.count, ns=b.infer_ns),
+                compute_output=d(count=b.count, ns=b.output_ns),
+            )
+            for size, b in sorted(t.batches.items())
+        ],
+    )

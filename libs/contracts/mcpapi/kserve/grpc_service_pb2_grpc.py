@@ -65,6 +65,16 @@ class GRPCInferenceServiceStub:
                 request_serializer=mcpapi_dot_kserve_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
                 response_deserializer=mcpapi_dot_kserve_dot_grpc__service__pb2.ModelInferResponse.FromString,
                 _registered_method=True)
+        self.ModelConfig = channel.unary_unary(
+                '/inference.GRPCInferenceService/ModelConfig',
+                request_serializer=mcpapi_dot_kserve_dot_grpc__service__pb2.ModelConfigRequest.SerializeToString,
+                response_deserializer=mcpapi_dot_kserve_dot_grpc__service__pb2.ModelConfigResponse.FromString,
+                _registered_method=True)
+        self.ModelStatistics = channel.unary_unary(
+                '/inference.GRPCInferenceService/ModelStatistics',
+                request_serializer=mcpapi_dot_kserve_dot_grpc__service__pb2.ModelStatisticsRequest.SerializeToString,
+                response_deserializer=mcpapi_dot_kserve_dot_grpc__service__pb2.ModelStatisticsResponse.FromString,
+                _registered_method=True)
         self.RepositoryIndex = channel.unary_unary(
                 '/inference.GRPCInferenceService/RepositoryIndex',
                 request_serializer=mcpapi_dot_kserve_dot_grpc__service__pb2.RepositoryIndexRequest.SerializeToString,
@@ -128,6 +138,20 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ModelConfig(self, request, context):
+        """A model version's configuration (batching, tensors, instances).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ModelStatistics(self, request, context):
+        """Per model version: requests, executions and their cumulative times.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RepositoryIndex(self, request, context):
         """Repository extension: the models the server knows, with their state.
         """
@@ -181,6 +205,16 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.ModelInfer,
                     request_deserializer=mcpapi_dot_kserve_dot_grpc__service__pb2.ModelInferRequest.FromString,
                     response_serializer=mcpapi_dot_kserve_dot_grpc__service__pb2.ModelInferResponse.SerializeToString,
+            ),
+            'ModelConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.ModelConfig,
+                    request_deserializer=mcpapi_dot_kserve_dot_grpc__service__pb2.ModelConfigRequest.FromString,
+                    response_serializer=mcpapi_dot_kserve_dot_grpc__service__pb2.ModelConfigResponse.SerializeToString,
+            ),
+            'ModelStatistics': grpc.unary_unary_rpc_method_handler(
+                    servicer.ModelStatistics,
+                    request_deserializer=mcpapi_dot_kserve_dot_grpc__service__pb2.ModelStatisticsRequest.FromString,
+                    response_serializer=mcpapi_dot_kserve_dot_grpc__service__pb2.ModelStatisticsResponse.SerializeToString,
             ),
             'RepositoryIndex': grpc.unary_unary_rpc_method_handler(
                     servicer.RepositoryIndex,
@@ -361,6 +395,60 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/ModelInfer',
             mcpapi_dot_kserve_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
             mcpapi_dot_kserve_dot_grpc__service__pb2.ModelInferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/ModelConfig',
+            mcpapi_dot_kserve_dot_grpc__service__pb2.ModelConfigRequest.SerializeToString,
+            mcpapi_dot_kserve_dot_grpc__service__pb2.ModelConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelStatistics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/ModelStatistics',
+            mcpapi_dot_kserve_dot_grpc__service__pb2.ModelStatisticsRequest.SerializeToString,
+            mcpapi_dot_kserve_dot_grpc__service__pb2.ModelStatisticsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -100,7 +100,7 @@ class StatsRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class ModelVersionStats(_message.Message):
-    __slots__ = ("model", "version", "state", "queue_depth", "batch_utilization", "memory_bytes", "mean_exec_us", "in_flight", "max_batch_size", "requests_total")
+    __slots__ = ("model", "version", "state", "queue_depth", "batch_utilization", "memory_bytes", "mean_exec_us", "in_flight", "max_batch_size", "requests_total", "totals")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +111,7 @@ class ModelVersionStats(_message.Message):
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TOTALS_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: str
     state: _model_pb2.ModelState
@@ -121,7 +122,52 @@ class ModelVersionStats(_message.Message):
     in_flight: int
     max_batch_size: int
     requests_total: int
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., state: _Optional[_Union[_model_pb2.ModelState, str]] = ..., queue_depth: _Optional[int] = ..., batch_utilization: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., mean_exec_us: _Optional[int] = ..., in_flight: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., requests_total: _Optional[int] = ...) -> None: ...
+    totals: ReplicaTotals
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., state: _Optional[_Union[_model_pb2.ModelState, str]] = ..., queue_depth: _Optional[int] = ..., batch_utilization: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., mean_exec_us: _Optional[int] = ..., in_flight: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., requests_total: _Optional[int] = ..., totals: _Optional[_Union[ReplicaTotals, _Mapping]] = ...) -> None: ...
+
+class Duration(_message.Message):
+    __slots__ = ("count", "ns")
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    NS_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    ns: int
+    def __init__(self, count: _Optional[int] = ..., ns: _Optional[int] = ...) -> None: ...
+
+class BatchSizeTotals(_message.Message):
+    __slots__ = ("batch_size", "compute_input", "compute_infer", "compute_output")
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_INPUT_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_INFER_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    batch_size: int
+    compute_input: Duration
+    compute_infer: Duration
+    compute_output: Duration
+    def __init__(self, batch_size: _Optional[int] = ..., compute_input: _Optional[_Union[Duration, _Mapping]] = ..., compute_infer: _Optional[_Union[Duration, _Mapping]] = ..., compute_output: _Optional[_Union[Duration, _Mapping]] = ...) -> None: ...
+
+class ReplicaTotals(_message.Message):
+    __slots__ = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "inference_count", "execution_count", "last_inference_ms", "batches")
+    SUCCESS_FIELD_NUMBER: _ClassVar[int]
+    FAIL_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_INPUT_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_INFER_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    INFERENCE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_COUNT_FIELD_NUMBER: _ClassVar[int]
+    LAST_INFERENCE_MS_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    success: Duration
+    fail: Duration
+    queue: Duration
+    compute_input: Duration
+    compute_infer: Duration
+    compute_output: Duration
+    inference_count: int
+    execution_count: int
+    last_inference_ms: int
+    batches: _containers.RepeatedCompositeFieldContainer[BatchSizeTotals]
+    def __init__(self, success: _Optional[_Union[Duration, _Mapping]] = ..., fail: _Optional[_Union[Duration, _Mapping]] = ..., queue: _Optional[_Union[Duration, _Mapping]] = ..., compute_input: _Optional[_Union[Duration, _Mapping]] = ..., compute_infer: _Optional[_Union[Duration, _Mapping]] = ..., compute_output: _Optional[_Union[Duration, _Mapping]] = ..., inference_count: _Optional[int] = ..., execution_count: _Optional[int] = ..., last_inference_ms: _Optional[int] = ..., batches: _Optional[_Iterable[_Union[BatchSizeTotals, _Mapping]]] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
     __slots__ = ("worker_id", "models", "memory_capacity_bytes", "memory_used_bytes", "as_of_unix_ms")
