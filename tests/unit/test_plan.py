@@ -158,9 +158,30 @@ def test_backoff_keeps_a_failed_key_off_its_worker_until_it_expires():
 
 
 def test_idle_records_are_forgotten_unless_a_load_is_under_way():
-    view = cluster(W2, [rep("1", "w1", S.IDLE)], [spec()])
-    assert brief(plan(view)) == [("forget", "m", "1", "w1"), ("load", "m", "1", "w2")]
+    routing = {"m": TrafficDoc(stable="1")}
+    view = cluster(W2, [rep("1", "w1", S.IDLE), rep("1", "w2")], [spec()], routing=routing)
+    assert brief(plan(view)) == [("forget", "m", "1", "w1")]
     assert brief(plan(view, in_flight={("m", "1", "w1"): "load"})) == []
+    assert brief(plan(cluster(W2, [rep("1", "w1", S.IDLE)], specs=[]))) == [("forget", "m", "1", "w1")]
+
+
+def test_an_idle_record_being_forgotten_is_a_wait_not_a_failure():
+    # LoadModel at once after an unload by hand: the only worker's idle record is still being forgotten;
+    # the status must say pending (LoadModel waits), not RESOURCE_EXHAUSTED
+    view = cluster([worker("w1")], [rep("1", "w1", S.IDLE)], [spec()])
+    p = plan(view, in_flight={("m", "1", "w1"): "forget"})
+    assert brief(p) == []
+    status = p.status["m"]
+    assert not status.error and "waits for its old record on w1 to be cleared" in status.pending
+
+
+def test_an_idle_record_is_no_obstacle_a_load_goes_there_again():
+    # unloaded (by hand or by the scheduler) and asked for again at once: the only worker must not
+    # count as "already holds a copy"; the load takes the record instead of a forget
+    view = cluster([worker("w1")], [rep("1", "w1", S.IDLE)], [spec()])
+    p = plan(view)
+    assert brief(p) == [("load", "m", "1", "w1")]
+    assert not p.status["m"].error
 
 
 def test_in_flight_loads_count_and_are_never_repeated():
@@ -392,7 +413,8 @@ def test_plan_properties(case):
             w = view.workers.get(a.worker)
             assert w is not None and not w.stopped and not w.draining
             assert all(w.labels.get(k) == v for k, v in view.specs[a.model].labels.items())
-            assert (a.model, a.version, a.worker) not in view.replicas
+            held = view.replicas.get((a.model, a.version, a.worker))
+            assert held is None or held.state is S.IDLE  # an idle record holds nothing: loaded again
             if backoff.get((a.model, a.version, a.worker), 0) > view.now:
                 raise AssertionError(f"load during backoff: {a}")
             loads[a.worker] += view.specs[a.model].memory_bytes
@@ -403,7 +425,7 @@ def test_plan_properties(case):
                     for r in view.replicas_of(a.model, v)
                 ), f"routing to version {v} of {a.model} with no RUNNING copy"
     for wid, planned in loads.items():
-        used = sum(replica_bytes(view, r) for r in view.replicas_on(wid))
+        used = sum(replica_bytes(view, r) for r in view.replicas_on(wid) if r.state is not S.IDLE)
         flying = sum(
             view.specs[m].memory_bytes
             for (m, v, w), kind in in_flight.items()

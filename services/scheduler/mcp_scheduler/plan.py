@@ -345,6 +345,7 @@ class _Planner:
         self.replicas = _Replicas(view.replicas, self.in_flight)
         self.placing = view.with_replicas(self.replicas)  # what placement reads: this plan's replicas
         self.stale: dict[str, list[ReplicaInfo]] = defaultdict(list)  # worker -> records taken away
+        self.idle: set[ReplicaKey] = set()  # idle records taken away: to forget, unless loaded again
         self.used = _Used(view, self.stale)
         self.reserved = _Reserved(self)
         self.budget: int | None = None  # placements allowed (None: no limit)
@@ -367,8 +368,12 @@ class _Planner:
     # -- helpers ---------------------------------------------------------------------------------------
     def _add(self, action: ReplicaAction) -> bool:
         key = action.key
-        if key in self.actions or key in self.in_flight:
+        if key in self.in_flight:
             return False
+        if key in self.actions:
+            if not (isinstance(action, LoadReplica) and key in self.idle):
+                return False
+            self.idle.discard(key)  # an idle record loaded again instead of forgotten (the load takes it)
         self.actions[key] = action
         return True
 
@@ -422,6 +427,10 @@ class _Planner:
                 reason = f"failed: {r.reason}" if r.reason else "failed"
             elif r.state is S.IDLE and key not in self.in_flight:
                 reason = "idle record (unloaded, or a load that never started)"
+                # it holds nothing: placement may load there again (which replaces this forget)
+                self.replicas.pop(key, None)
+                self.stale[r.worker].append(r)
+                self.idle.add(key)
             else:
                 continue
             self._add(ForgetReplica(r.model, r.version, r.worker, r.revision, reason))
@@ -534,7 +543,20 @@ class _Planner:
             self.waiting[m].append(f"{m}/{version} waits for replicas unloading on {w}")
         self._evict(p.evictions, need, f"{m}/{version} (priority {spec.priority})")
         if p.shortfall:
-            self.errors[m].append(p.shortfall)
+            # a worker whose idle record of this version is being forgotten can take the copy once it is
+            # gone: a wait, not a failure (a copy unloading or evicted stays a shortfall: it is not coming
+            # back)
+            leaving = sorted(
+                r.worker
+                for r in self.placing.replicas_of(m, version)
+                if r.state is S.IDLE and r.worker not in self.resting.get((m, version), ())
+            )
+            if leaving:
+                self.waiting[m].append(
+                    f"{m}/{version} waits for its old record on {', '.join(leaving)} to be cleared"
+                )
+            else:
+                self.errors[m].append(p.shortfall)
 
     def _in_flight_counts(self, key: ReplicaKey) -> bool:
         r = self.replicas.get(key)
