@@ -21,6 +21,7 @@ from harness import (
     SchedulerProcess,
     WorkerProcess,
     etcd_put,
+    metric,
     mlp_reference,
     wait_for,
 )
@@ -241,6 +242,14 @@ def test_tritonclient_works_against_the_router_unchanged(mesh, repo, model, vers
     ]
     args += ["--model", model, "--version", version]
     args += ["--repo-model", "demo-slow"] if model == "demo-onnx" else ["--no-repository"]
+
+    def refused_by_workers() -> float:
+        return sum(
+            metric(w.metrics_text(), "mcp_requests_total", api_version="zmq", outcome="INVALID_ARGUMENT")
+            for w in mesh["workers"]
+        )
+
+    refused_before = refused_by_workers()
     done = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
@@ -254,6 +263,12 @@ def test_tritonclient_works_against_the_router_unchanged(mesh, repo, model, vers
     assert "NOT_FOUND" in errors["unknown_model"]["status"]
     assert "INVALID_ARGUMENT" in errors["bytes_input"]["status"]
     assert "INVALID_ARGUMENT" in errors["unknown_output"]["status"]
+    assert "has no output(s) ['NO_SUCH_OUTPUT']" in errors["unknown_output"]["message"]
+    assert "INVALID_ARGUMENT" in errors["unknown_input"]["status"]
+    assert "expects inputs ['INPUT0']" in errors["unknown_input"]["message"]
+    assert "INVALID_ARGUMENT" in errors["wrong_shape"]["status"]
+    assert "expected shape [-1, 64], got [4, 63]" in errors["wrong_shape"]["message"]
+    assert refused_by_workers() == refused_before  # every one refused by the router, before any hop
     if model == "demo-onnx":
         assert report["repository"]["after_unload"]["ready"] is False
     _assert_model_config(report, repo, model, version or "1")
@@ -262,7 +277,7 @@ def test_tritonclient_works_against_the_router_unchanged(mesh, repo, model, vers
 
 def _assert_statistics(report, model: str, version: str) -> None:  # type: ignore[no-untyped-def]
     """Triton's statistics, summed from the workers, moved by what the script ran between two reads:
-    at least its 2 successful requests of 4 + 1 rows, each queued and computed, none failed."""
+    its 2 successful requests of 4 + 1 rows, each queued and computed, none failed."""
 
     def entry(stats):  # type: ignore[no-untyped-def]
         [only] = [s for s in stats["model_stats"] if s["name"] == model and s["version"] == version]
@@ -278,9 +293,9 @@ def _assert_statistics(report, model: str, version: str) -> None:  # type: ignor
 
         return get(after) - get(before)
 
-    assert grew("inference_stats", "success", "count") >= 2
+    assert grew("inference_stats", "success", "count") == 2  # bad requests never reached a worker
     assert grew("inference_stats", "fail", "count") == 0
-    assert grew("inference_count") >= 5
+    assert grew("inference_count") == 5
     assert 1 <= grew("execution_count") <= grew("inference_stats", "success", "count")
     assert grew("inference_stats", "queue", "count") == grew("inference_stats", "success", "count")
     assert grew("inference_stats", "queue", "ns") > 0 and grew("inference_stats", "compute_infer", "ns") > 0

@@ -38,8 +38,12 @@ def _error(call: Callable[[], Any]) -> dict[str, Any]:
 
 
 def _input(batch: np.ndarray) -> triton.InferInput:
-    tensor = triton.InferInput("INPUT0", list(batch.shape), "FP32")
-    tensor.set_data_from_numpy(batch)
+    return _named_input("INPUT0", batch)
+
+
+def _named_input(name: str, batch: np.ndarray) -> triton.InferInput:
+    tensor = triton.InferInput(name, list(batch.shape), "FP32")
+    tensor.set_data_from_numpy(np.ascontiguousarray(batch))
     return tensor
 
 
@@ -106,6 +110,19 @@ def _inference(client: triton.InferenceServerClient, model: str, version: str) -
                 lambda: client.infer("no-such-model", [_input(batch)], client_timeout=TIMEOUT_S)
             ),
             "bytes_input": _error(lambda: client.infer(model, [bytes_input], client_timeout=TIMEOUT_S)),
+            "unknown_input": _error(
+                lambda: client.infer(
+                    model,
+                    [_named_input("NO_SUCH_INPUT", batch)],
+                    model_version=version,
+                    client_timeout=TIMEOUT_S,
+                )
+            ),
+            "wrong_shape": _error(
+                lambda: client.infer(
+                    model, [_input(batch[:, :63])], model_version=version, client_timeout=TIMEOUT_S
+                )
+            ),
             "unknown_output": _error(
                 lambda: client.infer(
                     model,

@@ -30,7 +30,8 @@ from mcpcore.errors import InvalidArgument
 
 __all__ = ["NAME_RE", "VERSION_RE", "Keyspace", "ReplicaId", "check_name", "check_version"]
 
-#: Model, worker, router and tensor names: no '/', no leading punctuation, bounded length.
+#: Model, worker, router and key names: no '/', no leading punctuation, bounded length (tensor names:
+#: ``mcpcore.signature.TENSOR_NAME_RE``).
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 #: Versions are positive integers written in decimal ("1", "2", ...).
 VERSION_RE = re.compile(r"[1-9][0-9]{0,8}")

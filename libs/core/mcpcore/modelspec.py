@@ -51,6 +51,7 @@ import yaml
 from mcpcore import dtypes
 from mcpcore.errors import InvalidArgument, NotFound
 from mcpcore.keys import NAME_RE, VERSION_RE
+from mcpcore.signature import tensor_name_problem
 
 __all__ = [
     "BACKENDS",
@@ -204,6 +205,11 @@ class _Ctx:
             self.fail(path, f"not a valid name: {_show(value)} (letters, digits, '_', '.', '-'; max 128)")
         return value
 
+    def tensor_name(self, path: str, value: Any) -> str:
+        if problem := tensor_name_problem(value):
+            self.fail(path, problem)
+        return value  # type: ignore[no-any-return]
+
     def list_(self, path: str, value: Any) -> list[Any]:
         if not isinstance(value, list):
             self.fail(path, f"expected a list, got {_show(value)}")
@@ -240,7 +246,7 @@ def _tensors(ctx: _Ctx, key: str, value: Any, max_batch_size: int) -> tuple[Tens
     for i, item in enumerate(items):
         path = f"{key}[{i}]"
         ctx.mapping(path, item, ("name", "dtype", "shape"), ("name", "dtype", "shape"))
-        name = ctx.name(f"{path}.name", item["name"])
+        name = ctx.tensor_name(f"{path}.name", item["name"])
         if any(t.name == name for t in out):
             ctx.fail(f"{path}.name", f"duplicate tensor name {name!r}")
         dtype = item["dtype"]
@@ -288,7 +294,9 @@ def _qos(ctx: _Ctx, value: Any) -> QoS:
         latency_sensitivity=ctx.float_(
             "qos.latency_sensitivity", value.get("latency_sensitivity", 0.5), 0, 1
         ),
-        secondary_features=tuple(ctx.name(f"qos.secondary_features[{i}]", f) for i, f in enumerate(features)),
+        secondary_features=tuple(
+            ctx.tensor_name(f"qos.secondary_features[{i}]", f) for i, f in enumerate(features)
+        ),
     )
 
 
@@ -299,7 +307,7 @@ def _layer(ctx: _Ctx, path: str, item: Any) -> Layer:
         ctx.fail(f"{path}.op", f"unknown layer op {op!r}; one of {', '.join(LAYER_OPS)}")
     ctx.mapping(path, item, _LAYER_KEYS[op], _LAYER_REQUIRED.get(op, ()))
     tensor = {k: ctx.name(f"{path}.{k}", item[k]) for k in ("weight", "bias") if k in item}
-    refs = {k: ctx.name(f"{path}.{k}", item[k]) for k in ("name", "from", "output") if k in item}
+    refs = {k: ctx.tensor_name(f"{path}.{k}", item[k]) for k in ("name", "from", "output") if k in item}
     return Layer(
         op=op,
         in_dim=ctx.int_(f"{path}.in", item["in"], lo=1) if "in" in item else None,

@@ -25,7 +25,7 @@ from google.protobuf.message import DecodeError
 from mcpapi.v2 import tensor_pb2
 from mcpcore import dtypes
 from mcpcore.errors import InvalidArgument, MCPError, ResourceExhausted, error_for_code
-from mcpcore.keys import NAME_RE
+from mcpcore.signature import tensor_name_problem
 
 __all__ = [
     "FLAG_DRAINING",
@@ -152,8 +152,8 @@ def tensors_of(
 
 
 def _view(spec: tensor_pb2.TensorSpec, buf: memoryview, limits: Limits) -> np.ndarray:
-    if NAME_RE.fullmatch(spec.name) is None:
-        raise InvalidArgument(f"tensor name {spec.name!r} is not valid")
+    if problem := tensor_name_problem(spec.name):
+        raise InvalidArgument(problem)
     where = f"tensor {spec.name!r}"
     if buf.nbytes > limits.max_tensor_bytes:
         raise ResourceExhausted(

@@ -42,7 +42,7 @@ from mcp_router.snapshot import ModelRoute, Snapshots
 from mcp_router.split import SmoothWeightedRoundRobin, choose_version
 from mcp_router.stats import UNKNOWN, RequestStats
 from mcpapi.v2 import tensor_pb2
-from mcpcore import wire
+from mcpcore import signature, wire
 from mcpcore.errors import (
     DeadlineExceeded,
     InvalidArgument,
@@ -339,7 +339,13 @@ class Router(DataPlane):
                     f"priority {priority} is out of range: use 0 (the model's default) .. {MAX_PRIORITY}"
                 )
             result = await self._infer(
-                route, version, inputs, routing_key=routing_key, priority=priority, timeout_s=timeout_s
+                route,
+                version,
+                inputs,
+                routing_key=routing_key,
+                priority=priority,
+                timeout_s=timeout_s,
+                outputs=outputs,
             )
             if outputs:
                 result = _select(route, result, outputs)
@@ -359,9 +365,15 @@ class Router(DataPlane):
         routing_key: str,
         priority: int,
         timeout_s: float | None,
+        outputs: tuple[str, ...] = (),
     ) -> InferResult:
         model = route.name
         chosen, _level, flags = self._version(route, version, routing_key, time.time())
+        meta = route.metadata.get(chosen)
+        if meta is not None:  # the worker's own check, here before any hop (a client error costs no trip)
+            where, config = f"model {model}/{chosen}", route.configs.get(chosen)
+            signature.check_inputs(where, meta.inputs, inputs, config.max_batch_size if config else None)
+            signature.check_outputs(where, meta.outputs, outputs)
         attempts = _Attempts(time.monotonic() + (timeout_s or self._timeout))
         rid = self._fwd.new_id()
         key = routing_key or rid

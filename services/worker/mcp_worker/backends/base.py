@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from mcpcore import dtypes
+from mcpcore import dtypes, signature
 from mcpcore.errors import FailedPrecondition, Internal, InvalidArgument, MCPError
 from mcpcore.modelspec import ModelConfig, TensorSpec
 
@@ -88,43 +88,7 @@ class Backend(abc.ABC):
 
     def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
         """Raise ``InvalidArgument`` unless ``inputs`` are exactly the configured tensors, well shaped."""
-        expected = [s.name for s in self.config.inputs]
-        missing = [n for n in expected if n not in inputs]
-        extra = sorted(n for n in inputs if n not in self._dtypes)
-        if missing or extra:
-            parts = [f"missing {missing}" if missing else "", f"unexpected {extra}" if extra else ""]
-            raise InvalidArgument(
-                f"{self._where}: expects inputs {expected}: {', '.join(p for p in parts if p)}"
-            )
-        batch: tuple[str, int] | None = None
-        for spec in self.config.inputs:
-            dim0 = self._check_tensor(spec, inputs[spec.name])
-            if dim0 is not None:
-                if batch is not None and dim0 != batch[1]:
-                    raise InvalidArgument(
-                        f"{self._where}: input {spec.name} has batch size {dim0}"
-                        f" but {batch[0]} has {batch[1]}"
-                    )
-                batch = batch or (spec.name, dim0)
-
-    def _check_tensor(self, spec: TensorSpec, array: object) -> int | None:
-        """Check one input; return its batch size when the model batches."""
-        what = f"{self._where}: input {spec.name}"
-        if not isinstance(array, np.ndarray):
-            raise InvalidArgument(f"{what}: expected a numpy array, got {type(array).__name__}")
-        if array.dtype != self._dtypes[spec.name]:
-            got = _dtype_name(array.dtype)
-            raise InvalidArgument(f"{what}: expected dtype {spec.dtype}, got {got}")
-        if array.ndim != len(spec.shape) or any(
-            want not in (-1, got) for want, got in zip(spec.shape, array.shape, strict=True)
-        ):
-            raise InvalidArgument(f"{what}: expected shape {list(spec.shape)}, got {list(array.shape)}")
-        mbs = self.config.max_batch_size
-        if mbs <= 0:
-            return None
-        if not 1 <= array.shape[0] <= mbs:
-            raise InvalidArgument(f"{what}: batch size {array.shape[0]} is outside 1..{mbs}")
-        return int(array.shape[0])
+        signature.check_inputs(self._where, self.config.inputs, inputs, self.config.max_batch_size)
 
     @abc.abstractmethod
     def _run(self, inputs: Mapping[str, np.ndarray], *, skip: frozenset[str]) -> dict[str, np.ndarray]:
@@ -162,13 +126,6 @@ def create_backend(config: ModelConfig, weights: bytes | None) -> Backend:
 
 def _warmup_shape(spec: TensorSpec) -> tuple[int, ...]:
     return tuple(1 if d == -1 else d for d in spec.shape)
-
-
-def _dtype_name(dtype: np.dtype) -> str:
-    try:
-        return dtypes.from_numpy(dtype)
-    except InvalidArgument:
-        return f"numpy {dtype}"
 
 
 def short_error(err: BaseException) -> str:
