@@ -45,8 +45,8 @@ SERVICES = {  # name -> (module, flags)
     "health": ("mcp_health", ["--health-id", "health-1"]),
 }  # fmt: skip
 PORTS = {
-    8001: "router", 50051: "scheduler", 50053: "health", 9101: "router metrics", 9102: "scheduler metrics",
-    9103: "health metrics", 9110: "worker-1 metrics", 9111: "worker-2 metrics",
+    8001: "router", 8000: "router REST", 50051: "scheduler", 50053: "health", 9101: "router metrics",
+    9102: "scheduler metrics", 9103: "health metrics", 9110: "worker-1 metrics", 9111: "worker-2 metrics",
 }  # fmt: skip
 DEMO = [
     model_pb2.ModelSpec(model="demo-mlp", versions=["1", "2"], replicas=2, fallback_version="1"),

@@ -12,4 +12,5 @@ esac
 upper=$(echo "$service" | tr a-z A-Z)
 export "MCP_${upper}_GRPC_HOST=${MCP_BIND_HOST:-0.0.0.0}"
 export "MCP_${upper}_METRICS_HOST=${MCP_BIND_HOST:-0.0.0.0}"
+if [ "$service" = router ]; then export "MCP_ROUTER_REST_HOST=${MCP_BIND_HOST:-0.0.0.0}"; fi
 exec python3 -m "mcp_${service}" "$@"

@@ -139,6 +139,7 @@ class RouterProcess(ServiceProcess):
         flags = {
             "router_id": self.router_id,
             "grpc_port": 0,
+            "rest_port": 0,
             "metrics_port": 0,
             "shutdown_delay_s": 0.1,
             **flags,

@@ -361,11 +361,14 @@ def test_mcpctl_operates_the_cluster(mesh):
     assert missing.returncode == 1 and "no-such-model" in missing.stderr
 
 
-def test_perf_analyzer_measures_the_router_over_grpc(mesh):
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_perf_analyzer_measures_the_router(mesh, protocol):
     """Triton's perf_analyzer (installed by make setup) starts against the router and measures it: it
-    reads the model's metadata and config first, then runs a bounded closed loop with no errors."""
+    reads the model's metadata and config first, then runs a bounded closed loop with no errors, and
+    reads the server's side from the statistics."""
     perf_analyzer = Path(__file__).resolve().parents[2] / "tools" / "perf_analyzer"
-    command = [str(perf_analyzer), "-m", "demo-mlp", "-i", "grpc", "-u", mesh["router"].endpoints["grpc"]]
+    endpoint = mesh["router"].endpoints["grpc" if protocol == "grpc" else "rest"]
+    command = [str(perf_analyzer), "-m", "demo-mlp", "-i", protocol, "-u", endpoint]
     command += ["--concurrency-range", "4", "--measurement-interval", "500", "--max-trials", "4"]
     command += ["--stability-percentage", "100"]  # a short bounded run: what matters is that it runs
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
@@ -374,3 +377,5 @@ def test_perf_analyzer_measures_the_router_over_grpc(mesh):
     throughput = re.search(r"Throughput: ([0-9.]+) infer/sec", out)
     assert throughput is not None and float(throughput.group(1)) > 0, out[-3000:]
     assert "error" not in out.lower(), out[-3000:]
+    served = re.search(r"Successful request count: ([0-9]+)", out)
+    assert served is not None and int(served.group(1)) > 0, out[-3000:]

@@ -20,6 +20,7 @@ import grpc.aio
 
 __all__ = [
     "CODE_TO_ERROR",
+    "HTTP_STATUS",
     "NOT_STARTED_METADATA",
     "SERVER_SIDE_CLASSES",
     "AlreadyExists",
@@ -37,6 +38,8 @@ __all__ = [
     "error_class",
     "error_for_code",
     "from_rpc_error",
+    "http_status",
+    "log_unexpected",
     "not_started",
 ]
 
@@ -183,11 +186,44 @@ def from_rpc_error(err: grpc.RpcError) -> MCPError:
 NOT_STARTED_METADATA = ("mcp-not-started", "true")
 
 
+def log_unexpected(exc: BaseException, where: str) -> MCPError:
+    """An exception that is not an MCPError: logged with its traceback, answered with a generic
+    ``Internal`` (its text never reaches a client)."""
+    log.error("unexpected error in %s", where, exc_info=exc)
+    return Internal(GENERIC_INTERNAL)
+
+
 def _status_for(exc: BaseException, method: str) -> tuple[grpc.StatusCode, str]:
-    if isinstance(exc, MCPError):
-        return exc.code, exc.message
-    log.error("unexpected error in %s", method, exc_info=exc)
-    return grpc.StatusCode.INTERNAL, GENERIC_INTERNAL
+    err = exc if isinstance(exc, MCPError) else log_unexpected(exc, method)
+    return err.code, err.message
+
+
+#: gRPC status -> HTTP status for the REST front door. Triton's HTTP server maps its own errors so
+#: (internal 500, not found 404, unavailable 503, unsupported 501, everything else 400); the codes it never
+#: produces get the HTTP status that says the same.
+HTTP_STATUS: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.OK: 200,
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.ALREADY_EXISTS: 400,
+    grpc.StatusCode.CANCELLED: 400,
+    grpc.StatusCode.UNKNOWN: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.INTERNAL: 500,
+    grpc.StatusCode.DATA_LOSS: 500,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+
+
+def http_status(code: grpc.StatusCode) -> int:
+    return HTTP_STATUS.get(code, 400)
 
 
 def _guard_unary(behavior: Any, method: str) -> Any:

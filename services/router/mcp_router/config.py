@@ -1,7 +1,7 @@
 """The router's configuration: one frozen dataclass, built once in ``__main__`` (flags > env > YAML).
 
-Env vars are ``MCP_ROUTER_<FIELD>``; the default ports are DESIGN.md section 13's (gRPC 8001 like Triton,
-metrics 9101).
+Env vars are ``MCP_ROUTER_<FIELD>``; the default ports are DESIGN.md section 13's (gRPC 8001 and REST 8000
+like Triton, metrics 9101).
 """
 
 from __future__ import annotations
@@ -18,6 +18,11 @@ class RouterConfig:
     router_id: str = ""
     grpc_host: str = "127.0.0.1"
     grpc_port: int = 8001
+    #: KServe V2 over HTTP (Triton's REST API); port -1 turns it off.
+    rest_host: str = "127.0.0.1"
+    rest_port: int = 8000
+    #: Largest REST request body (JSON and binary tensors), in bytes; larger ones are refused 413.
+    rest_max_body_bytes: int = 64 << 20
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 9101
     etcd_endpoints: tuple[str, ...] = ("127.0.0.1:2379",)

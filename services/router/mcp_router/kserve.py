@@ -32,7 +32,16 @@ from mcpapi.kserve import model_config_pb2 as mc
 from mcpcore import dtypes
 from mcpcore.errors import Internal, InvalidArgument
 
-__all__ = ["EXTENSIONS", "SERVER_NAME", "InferOptions", "KServeServicer", "decode_inputs", "infer_options"]
+__all__ = [
+    "EXTENSIONS",
+    "SERVER_NAME",
+    "InferOptions",
+    "KServeServicer",
+    "decode_inputs",
+    "infer_options",
+    "model_config_proto",
+    "statistics_proto",
+]
 
 SERVER_NAME = "mcpmesh"
 #: Protocol extensions served (ServerMetadata): Triton's model repository (index, load, unload), model
@@ -107,14 +116,16 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         if request.version and not request.name:
             raise InvalidArgument("a version needs a model name; name the model, or leave both empty")
         stats = await self._dataplane.model_statistics(request.name, request.version)
-        return pb.ModelStatisticsResponse(model_stats=[_statistics(s) for s in stats])
+        return pb.ModelStatisticsResponse(model_stats=[statistics_proto(s) for s in stats])
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         if not request.model_name:
             raise InvalidArgument("model_name is empty; name the model to run")
         inputs = decode_inputs(request)
         requested = _requested_outputs(request)
-        options = infer_options(request.parameters, _time_remaining(context))
+        options = infer_options(
+            {key: _param_value(p) for key, p in request.parameters.items()}, _time_remaining(context)
+        )
         request_id = request.id  # the client's: only echoed in the response (the wire id is the router's)
         result = await self._dataplane.infer(
             request.model_name,
@@ -188,7 +199,7 @@ def _duration(d: Duration) -> pb.StatisticDuration:
     return pb.StatisticDuration(count=d.count, ns=d.ns)
 
 
-def _statistics(s: ModelStats) -> pb.ModelStatistics:
+def statistics_proto(s: ModelStats) -> pb.ModelStatistics:
     return pb.ModelStatistics(
         name=s.name,
         version=s.version,
@@ -388,11 +399,9 @@ class InferOptions:
     parameters: Mapping[str, str] = field(default_factory=dict)
 
 
-def infer_options(
-    parameters: Mapping[str, pb.InferParameter], deadline_s: float | None = None
-) -> InferOptions:
-    """Triton's request parameters as DataPlane arguments; ``deadline_s`` is the time the caller has left."""
-    values = {key: _param_value(p) for key, p in parameters.items()}
+def infer_options(values: Mapping[str, Any], deadline_s: float | None = None) -> InferOptions:
+    """Triton's request parameters (their values: from gRPC's InferParameter or REST's JSON) as DataPlane
+    arguments; ``deadline_s`` is the time the caller has left."""
     routing_key = values.get("routing_key")
     if routing_key is not None and not isinstance(routing_key, str):
         raise InvalidArgument("parameter routing_key must be a string (string_param)")

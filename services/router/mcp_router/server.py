@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from mcp_router.config import RouterConfig
 from mcp_router.forwarder import Forwarder
 from mcp_router.kserve import KServeServicer
+from mcp_router.rest import RestFrontEnd
 from mcp_router.router import RetryBudget, Router
 from mcp_router.servicer_v2 import InferenceV1, InferenceV2
 from mcp_router.snapshot import RoutingTable, Snapshots
@@ -104,6 +105,7 @@ class RouterServer:
                 ("grpc.max_send_message_length", 64 << 20),
             ],
         )
+        self.rest = RestFrontEnd(self.router, version=VERSION, max_body_bytes=config.rest_max_body_bytes)
         self._metrics_server: Any = None
         self.endpoints: dict[str, str] = {}
         self._lag = LoopLagMonitor(self.metrics.loop_lag.observe)
@@ -121,6 +123,7 @@ class RouterServer:
             KServeServicer(self.router, version=VERSION),
         )
         port = await self.grpc.start(cfg.grpc_host, cfg.grpc_port)
+        rest_port = await self.rest.start(cfg.rest_host, cfg.rest_port) if cfg.rest_port >= 0 else None
         await self.store.connect()
         await self.snapshots.start()
         self.publisher.start()
@@ -130,12 +133,17 @@ class RouterServer:
             "grpc": f"{cfg.grpc_host}:{port}",
             "metrics": f"{cfg.metrics_host}:{metrics_port}",
         }
+        if rest_port is not None:
+            self.endpoints["rest"] = f"{cfg.rest_host}:{rest_port}"
         return self.endpoints
 
     async def stop(self) -> None:
         await self.grpc.set_not_serving()
         await asyncio.sleep(self.config.shutdown_delay_s)  # a notice period, not a synchronisation
-        await self.grpc.stop(grace_s=self.config.drain_timeout_s)  # in-flight calls finish first
+        await asyncio.gather(  # in-flight calls finish first, on both front doors
+            self.grpc.stop(grace_s=self.config.drain_timeout_s),
+            self.rest.stop(grace_s=self.config.drain_timeout_s),
+        )
         await self.publisher.stop()
         await self.snapshots.stop()
         await self.forwarder.close()

@@ -1,0 +1,415 @@
+"""KServe V2 / Open Inference Protocol over HTTP (Triton's REST API), on 8000: the same DataPlane as gRPC.
+
+A thin adapter like ``kserve.py``: it converts JSON (and the binary tensor data extension) to numpy and
+DataPlane values and back, and holds no routing logic. It runs on the router's event loop (aiohttp).
+
+Endpoints (Triton's paths; ``[/versions/{version}]`` is optional everywhere it appears):
+- ``GET /v2/health/live``, ``GET /v2/health/ready``: 200 when true, 400 when false (as Triton answers).
+- ``GET /v2``: server metadata; ``GET /v2/models/{model}[/versions/{version}]``: model metadata;
+  ``.../ready``: 200 or 400; ``.../config``: the version's configuration (ModelConfig as JSON).
+- ``GET /v2/models[/{model}[/versions/{version}]]/stats``: statistics (``{"model_stats": [...]}``).
+- ``POST /v2/models/{model}[/versions/{version}]/infer``: one inference, JSON tensors or the binary
+  tensor data extension (``Inference-Header-Content-Length``: that many bytes of JSON, then each binary
+  input's ``binary_data_size`` bytes in input order; outputs asked for with ``binary_data`` come back the
+  same way).
+- ``POST /v2/repository/index``, ``POST /v2/repository/models/{model}/load`` and ``.../unload``.
+
+Invariants:
+- Errors are ``{"error": message}`` with the HTTP status ``mcpcore.errors.http_status`` gives the error's
+  gRPC code (Triton's table: 400 bad input, 404 not found, 503 unavailable, 500 internal, ...); a body that
+  is not JSON, or binary data that does not add up, is a 400 naming what is wrong.
+- A request body over ``max_body_bytes`` is refused 413 before it is read whole.
+- Tensors are numeric: BYTES is refused as on gRPC; FP16 and BF16 travel as binary data only.
+- Request parameters are Triton's ("priority", "timeout" in microseconds, "routing_key", "sequence_id",
+  "binary_data_output"), read by the same ``infer_options`` as gRPC.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+from google.protobuf import json_format
+
+from mcp_router.dataplane import DataPlane, InferResult
+from mcp_router.kserve import (
+    EXTENSIONS,
+    SERVER_NAME,
+    infer_options,
+    model_config_proto,
+    statistics_proto,
+)
+from mcpcore import dtypes
+from mcpcore.errors import Internal, InvalidArgument, MCPError, http_status, log_unexpected
+
+__all__ = ["HEADER_LENGTH", "RestFrontEnd"]
+
+#: The binary tensor data extension's header: the length of the JSON part of the body.
+HEADER_LENGTH = "Inference-Header-Content-Length"
+# Fields of Triton's JSON that are 64-bit integers: protobuf's JSON writes those as strings, Triton (and
+# its clients) as numbers.
+_INT64_FIELDS = frozenset(
+    {
+        "dims",
+        "versions",
+        "max_queue_delay_microseconds",
+        "default_timeout_microseconds",
+        "priority_levels",
+        "default_priority_level",
+        "last_inference",
+        "inference_count",
+        "execution_count",
+        "count",
+        "ns",
+        "batch_size",
+        "byte_size",
+        "id",
+    }
+)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _numbers(value: Any, key: str = "") -> Any:
+    if isinstance(value, dict):
+        return {k: _numbers(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_numbers(v, key) for v in value]
+    if key in _INT64_FIELDS and isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    return value
+
+
+def _as_json(message: Any) -> Any:
+    return _numbers(
+        json_format.MessageToDict(
+            message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        )
+    )
+
+
+def _error(err: MCPError) -> web.Response:
+    return web.json_response({"error": err.message}, status=http_status(err.code))
+
+
+def _guarded(handler: Handler, max_body: int) -> Handler:
+    """The REST twin of ``GuardedServer``: an MCPError is its status and message, anything else 500."""
+
+    async def run(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except MCPError as err:
+            return _error(err)
+        except web.HTTPRequestEntityTooLarge:
+            message = f"the request body is over the {max_body}-byte limit; send less per request"
+            return web.json_response({"error": message}, status=413)
+        except web.HTTPException:
+            raise
+        except Exception as exc:
+            return _error(log_unexpected(exc, f"{request.method} {request.path}"))
+
+    return run
+
+
+class RestFrontEnd:
+    def __init__(self, dataplane: DataPlane, *, version: str, max_body_bytes: int = 64 << 20) -> None:
+        self._dataplane = dataplane
+        self._version = version
+        self._max_body = max_body_bytes
+        self._runner: web.AppRunner | None = None
+        self._grace_s = 30.0
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self._max_body)
+        model = "/v2/models/{model}"
+        versioned = (model, model + "/versions/{version}")
+        routes = [
+            web.get("/v2/health/live", self._live),
+            web.get("/v2/health/ready", self._ready),
+            web.get("/v2", self._server_metadata),
+            web.get("/v2/models/stats", self._stats),
+            web.post("/v2/repository/index", self._index),
+            web.post("/v2/repository/models/{model}/load", self._load),
+            web.post("/v2/repository/models/{model}/unload", self._unload),
+        ]
+        for path in versioned:
+            routes += [
+                web.get(path, self._model_metadata),
+                web.get(path + "/ready", self._model_ready),
+                web.get(path + "/config", self._config),
+                web.get(path + "/stats", self._stats),
+                web.post(path + "/infer", self._infer),
+            ]
+        app.add_routes([web.route(r.method, r.path, _guarded(r.handler, self._max_body)) for r in routes])  # type: ignore[attr-defined]
+        return app
+
+    async def start(self, host: str, port: int) -> int:
+        """Bind (port 0 picks one) and serve; returns the bound port."""
+        self._runner = web.AppRunner(
+            self.app(), access_log=None, handle_signals=False, shutdown_timeout=self._grace_s
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        await site.start()
+        server = site._server
+        return int(server.sockets[0].getsockname()[1]) if server is not None else port
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        """Stop taking connections; requests in flight get ``grace_s`` to finish."""
+        self._grace_s = grace_s
+        if self._runner is not None:
+            self._runner.shutdown_timeout = grace_s  # type: ignore[misc]
+            await self._runner.shutdown()
+            await self._runner.cleanup()
+            self._runner = None
+
+    # -- health and metadata ---------------------------------------------------------------------------
+    async def _live(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self._dataplane.live() else 400)
+
+    async def _ready(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self._dataplane.ready() else 400)
+
+    async def _server_metadata(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"name": SERVER_NAME, "version": self._version, "extensions": list(EXTENSIONS)}
+        )
+
+    async def _model_metadata(self, request: web.Request) -> web.Response:
+        model, version = _names(request)
+        meta = self._dataplane.model_metadata(model, version)
+        tensors = lambda ts: [{"name": t.name, "datatype": t.dtype, "shape": list(t.shape)} for t in ts]  # noqa: E731
+        return web.json_response(
+            {
+                "name": meta.name,
+                "versions": list(meta.versions),
+                "platform": meta.platform,
+                "inputs": tensors(meta.inputs),
+                "outputs": tensors(meta.outputs),
+            }
+        )
+
+    async def _model_ready(self, request: web.Request) -> web.Response:
+        model, version = _names(request)
+        return web.Response(status=200 if self._dataplane.model_ready(model, version) else 400)
+
+    async def _config(self, request: web.Request) -> web.Response:
+        model, version = _names(request)
+        return web.json_response(_as_json(model_config_proto(self._dataplane.model_config(model, version))))
+
+    async def _stats(self, request: web.Request) -> web.Response:
+        model, version = _names(request)
+        stats = await self._dataplane.model_statistics(model, version)
+        return web.json_response({"model_stats": [_as_json(statistics_proto(s)) for s in stats]})
+
+    # -- repository ------------------------------------------------------------------------------------
+    async def _index(self, request: web.Request) -> web.Response:
+        await _json_body(request, allow_empty=True)  # {"ready": bool} may come; the index lists every model
+        entries = self._dataplane.index()
+        return web.json_response(
+            [
+                {
+                    "name": e.name,
+                    "version": e.version,
+                    "state": e.state,
+                    **({"reason": e.reason} if e.reason else {}),
+                }
+                for e in entries
+            ]
+        )
+
+    async def _load(self, request: web.Request) -> web.Response:
+        body = await _json_body(request, allow_empty=True)
+        if (body.get("parameters") or {}).get("config"):
+            raise InvalidArgument(
+                "load with a config override is not supported; write the model's model.yaml"
+            )
+        await self._dataplane.load(request.match_info["model"])
+        return web.Response(status=200)
+
+    async def _unload(self, request: web.Request) -> web.Response:
+        await _json_body(request, allow_empty=True)
+        await self._dataplane.unload(request.match_info["model"])
+        return web.Response(status=200)
+
+    # -- inference -------------------------------------------------------------------------------------
+    async def _infer(self, request: web.Request) -> web.Response:
+        model, version = _names(request)
+        body = await request.read()
+        header, binary = _split_body(request, body)
+        if not isinstance(header, dict):
+            raise InvalidArgument("the inference request must be a JSON object")
+        inputs = _decode_inputs(header.get("inputs"), binary)
+        params = header.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise InvalidArgument("parameters must be a JSON object")
+        options = infer_options(params)
+        outputs, binary_out = _requested(header.get("outputs"), params)
+        request_id = header.get("id", "")
+        if not isinstance(request_id, str):
+            raise InvalidArgument("id must be a string")
+        result = await self._dataplane.infer(
+            model,
+            version,
+            request_id,
+            inputs,
+            routing_key=options.routing_key,
+            priority=options.priority,
+            timeout_s=options.timeout_s,
+            outputs=tuple(outputs),
+            parameters=options.parameters,
+        )
+        return _encode_result(result, request_id, outputs, binary_out)
+
+
+def _names(request: web.Request) -> tuple[str, str]:
+    return request.match_info.get("model", ""), request.match_info.get("version", "")
+
+
+async def _json_body(request: web.Request, *, allow_empty: bool = False) -> dict[str, Any]:
+    raw = await request.read()
+    if not raw and allow_empty:
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise InvalidArgument(f"the request body is not JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise InvalidArgument("the request body must be a JSON object")
+    return body
+
+
+def _split_body(request: web.Request, body: bytes) -> tuple[Any, memoryview]:
+    """(the JSON part, parsed; the binary part) of an inference request."""
+    length = request.headers.get(HEADER_LENGTH)
+    view = memoryview(body)
+    if length is None:
+        cut = len(body)
+    else:
+        try:
+            cut = int(length)
+        except ValueError:
+            raise InvalidArgument(f"{HEADER_LENGTH} is {length!r}, not a number of bytes") from None
+        if not 0 <= cut <= len(body):
+            raise InvalidArgument(f"{HEADER_LENGTH} is {cut} but the body has {len(body)} bytes")
+    try:
+        header = json.loads(view[:cut].tobytes())
+    except ValueError as exc:
+        raise InvalidArgument(f"the inference request's JSON does not parse ({exc})") from None
+    return header, view[cut:]
+
+
+def _decode_inputs(specs: Any, binary: memoryview) -> dict[str, np.ndarray]:
+    if not isinstance(specs, list) or not specs:
+        raise InvalidArgument("inputs must be a non-empty list of tensors")
+    arrays: dict[str, np.ndarray] = {}
+    offset = 0
+    for i, spec in enumerate(specs):
+        if not isinstance(spec, dict):
+            raise InvalidArgument(f"inputs[{i}] must be a JSON object")
+        name, datatype, shape = spec.get("name"), spec.get("datatype"), spec.get("shape")
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument(f"inputs[{i}] has no name")
+        if name in arrays:
+            raise InvalidArgument(f"input {name} appears twice; send each input once")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise InvalidArgument(f"input {name}: shape must be a list of non-negative integers")
+        if datatype == "BYTES":
+            raise InvalidArgument(
+                f"input {name}: BYTES tensors are not supported; only numeric datatypes are"
+            )
+        try:
+            dtype = dtypes.numpy_dtype(datatype)
+        except (InvalidArgument, TypeError, KeyError):
+            raise InvalidArgument(f"input {name}: unknown datatype {datatype!r}") from None
+        count = math.prod(shape)
+        params = spec.get("parameters") or {}
+        size = params.get("binary_data_size") if isinstance(params, dict) else None
+        if "shared_memory_region" in (params if isinstance(params, dict) else {}):
+            raise InvalidArgument(f"input {name}: shared memory is not supported; send data or binary data")
+        if size is not None:
+            if not isinstance(size, int) or size != count * dtype.itemsize:
+                raise InvalidArgument(
+                    f"input {name}: binary_data_size {size!r} but shape {shape} of {datatype} needs "
+                    f"{count * dtype.itemsize} bytes"
+                )
+            if offset + size > len(binary):
+                raise InvalidArgument(
+                    f"input {name}: binary data ends at byte {len(binary)}; {offset + size} are needed"
+                )
+            raw = binary[offset : offset + size]
+            offset += size
+            arrays[name] = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(shape)
+            continue
+        if datatype in ("FP16", "BF16"):
+            raise InvalidArgument(f"input {name}: {datatype} travels as binary data only (binary_data_size)")
+        if "data" not in spec:
+            raise InvalidArgument(f"input {name} has neither data nor binary_data_size")
+        try:
+            array = np.asarray(spec["data"], dtype=dtype)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise InvalidArgument(f"input {name}: data is not {datatype} ({exc})") from None
+        if array.size != count:
+            raise InvalidArgument(f"input {name}: {array.size} values for shape {shape} ({count} needed)")
+        arrays[name] = array.reshape(shape)
+    if offset != len(binary):
+        raise InvalidArgument(f"{len(binary) - offset} bytes of binary data belong to no input")
+    return arrays
+
+
+def _requested(specs: Any, params: Mapping[str, Any]) -> tuple[list[str], set[str]]:
+    """The outputs asked for (empty: all) and which of them go back as binary data."""
+    default_binary = params.get("binary_data_output") is True
+    if specs is None:
+        return [], ({"*"} if default_binary else set())
+    if not isinstance(specs, list):
+        raise InvalidArgument("outputs must be a list")
+    names, binary = [], set()
+    for i, spec in enumerate(specs):
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise InvalidArgument(f"outputs[{i}] must be an object with a name")
+        p = spec.get("parameters") or {}
+        if not isinstance(p, dict):
+            raise InvalidArgument(f"outputs[{i}].parameters must be an object")
+        if "classification" in p:
+            raise InvalidArgument(f"output {spec['name']}: classification is not supported")
+        names.append(spec["name"])
+        if p.get("binary_data", default_binary) is True:
+            binary.add(spec["name"])
+    return names, binary
+
+
+def _encode_result(
+    result: InferResult, request_id: str, requested: list[str], binary: set[str]
+) -> web.Response:
+    names = [n for n in requested if n in result.outputs] if requested else list(result.outputs)
+    outputs, blobs = [], []
+    for name in names:
+        array = result.outputs[name]
+        try:
+            datatype = dtypes.from_numpy(array.dtype)
+        except InvalidArgument as err:
+            raise Internal(f"output {name} of model {result.model}: {err.message}") from None
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        if name in binary or "*" in binary or datatype in ("FP16", "BF16"):
+            blob = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            entry["data"] = array.reshape(-1).tolist()
+        outputs.append(entry)
+    doc: dict[str, Any] = {"model_name": result.model, "model_version": result.version, "outputs": outputs}
+    if request_id:
+        doc["id"] = request_id
+    head = json.dumps(doc, separators=(",", ":")).encode()
+    if not blobs:
+        return web.Response(body=head, content_type="application/json")
+    return web.Response(
+        body=b"".join([head, *blobs]),
+        headers={HEADER_LENGTH: str(len(head))},
+        content_type="application/octet-stream",
+    )
