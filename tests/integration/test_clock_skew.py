@@ -11,6 +11,7 @@ import asyncio
 import shutil
 import time
 import uuid
+from pathlib import Path
 
 import grpc
 from harness import (
@@ -30,9 +31,17 @@ from mcpcore.keys import Keyspace
 
 
 def _skewed(worker: WorkerProcess, offset: str) -> WorkerProcess:
+    """The worker itself under libfaketime (LD_PRELOAD), not under the ``faketime`` wrapper: the wrapper
+    forks, so stopping it left the worker running, an orphan, after every run."""
     assert shutil.which("faketime"), "faketime is missing: `make setup` installs Debian's faketime"
-    worker.args = ["faketime", "-f", offset, *worker.args]
-    worker.env = {**worker.env, "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+    library = next(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"), None)
+    assert library is not None, "libfaketime.so.1 is missing: `make setup` installs Debian's faketime"
+    worker.env = {
+        **worker.env,
+        "LD_PRELOAD": str(library),
+        "FAKETIME": offset,
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+    }
     return worker
 
 
