@@ -56,7 +56,13 @@ def test_health_and_server_metadata(run):
     assert report["server_metadata"] == {
         "name": "mcpmesh",
         "version": "0.1.0-test",
-        "extensions": ["model_repository", "model_configuration", "statistics"],
+        "extensions": [
+            "model_repository",
+            "model_configuration",
+            "statistics",
+            "system_shared_memory",
+            "binary_tensor_data",
+        ],
     }
 
 

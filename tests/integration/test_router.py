@@ -273,6 +273,13 @@ def test_tritonclient_works_against_the_router_unchanged(mesh, repo, model, vers
         assert report["repository"]["after_unload"]["ready"] is False
     _assert_model_config(report, repo, model, version or "1")
     _assert_statistics(report, model, version or "1")
+    stream = report["streaming"]  # ModelStreamInfer: each answer its own, the bad one in-band
+    assert set(stream["ok"]) == {"s0", "s1", "s2"}
+    for rid, values in stream["ok"].items():
+        batch = np.array(stream["inputs"][rid], dtype=np.float32)
+        expected = mlp_reference(repo, "demo-mlp", "1", batch)
+        np.testing.assert_allclose(np.array(values, np.float32), expected, rtol=1e-5, atol=1e-5)
+    assert len(stream["errors"]) == 1 and "has no output(s) ['NO_SUCH_OUTPUT']" in stream["errors"][0]
 
 
 def _assert_statistics(report, model: str, version: str) -> None:  # type: ignore[no-untyped-def]
@@ -361,8 +368,10 @@ def test_mcpctl_operates_the_cluster(mesh):
     assert missing.returncode == 1 and "no-such-model" in missing.stderr
 
 
-@pytest.mark.parametrize("protocol", ["grpc", "http"])
-def test_perf_analyzer_measures_the_router(mesh, protocol):
+@pytest.mark.parametrize(
+    ("protocol", "shm"), [("grpc", False), ("http", False), ("grpc", True)], ids=["grpc", "http", "grpc-shm"]
+)
+def test_perf_analyzer_measures_the_router(mesh, protocol, shm):
     """Triton's perf_analyzer (installed by make setup) starts against the router and measures it: it
     reads the model's metadata and config first, then runs a bounded closed loop with no errors, and
     reads the server's side from the statistics."""
@@ -371,6 +380,8 @@ def test_perf_analyzer_measures_the_router(mesh, protocol):
     command = [str(perf_analyzer), "-m", "demo-mlp", "-i", protocol, "-u", endpoint]
     command += ["--concurrency-range", "4", "--measurement-interval", "500", "--max-trials", "4"]
     command += ["--stability-percentage", "100"]  # a short bounded run: what matters is that it runs
+    if shm:  # inputs and outputs in system shared memory regions perf_analyzer registers with the router
+        command += ["--shared-memory", "system"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]

@@ -135,6 +135,35 @@ def _inference(client: triton.InferenceServerClient, model: str, version: str) -
     }
 
 
+def _streaming(client: triton.InferenceServerClient, model: str, version: str) -> dict[str, Any]:
+    """ModelStreamInfer: three good requests and a bad one on one stream; each answer by its id."""
+    import queue  # noqa: PLC0415  (only this part of the script needs it)
+
+    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    batches = {f"s{i}": np.full((1 + i, 64), float(i), np.float32) for i in range(3)}
+    try:
+        for rid, batch in batches.items():
+            client.async_stream_infer(model, [_input(batch)], model_version=version, request_id=rid)
+        client.async_stream_infer(
+            model,
+            [_input(batches["s0"])],
+            model_version=version,
+            request_id="s-bad",
+            outputs=[triton.InferRequestedOutput("NO_SUCH_OUTPUT")],
+        )
+        answers = [got.get(timeout=TIMEOUT_S) for _ in range(len(batches) + 1)]
+    finally:
+        client.stop_stream()
+    seen: dict[str, Any] = {"inputs": {rid: b.tolist() for rid, b in batches.items()}, "ok": {}, "errors": []}
+    for result, error in answers:
+        if error is not None:
+            seen["errors"].append(error.message())
+        else:
+            seen["ok"][result.get_response().id] = result.as_numpy("OUTPUT0").tolist()
+    return seen
+
+
 def _repository(client: triton.InferenceServerClient, repo_model: str) -> dict[str, Any]:
     def index() -> list[dict[str, Any]]:
         return client.get_model_repository_index(as_json=True, client_timeout=TIMEOUT_S).get("models", [])
@@ -172,6 +201,7 @@ def main(argv: list[str]) -> int:
         report |= _inference(client, args.model, args.version)
         report["statistics_after"] = _statistics(client, args.model, args.version)
         report["statistics_all"] = _statistics(client, "", "")
+        report["streaming"] = _streaming(client, args.model, args.version)
         report["statistics_unknown_version"] = _error(
             lambda: client.get_inference_statistics(args.model, "99", client_timeout=TIMEOUT_S)
         )

@@ -9,8 +9,9 @@ Invariants:
   error mapping (``GuardedServer``) turns them into statuses, so nothing here calls ``context.abort``.
 - Raw input bytes become arrays with ``np.frombuffer`` (no copy; the arrays are read-only). Raw bytes are
   little-endian on the wire, read and written as such. Typed ``contents`` (the slow path) are copied.
-- Only numeric tensors are served: BYTES and BF16 are refused with ``InvalidArgument``, as are shared
-  memory and classification outputs.
+- Only numeric tensors are served: BYTES is refused with ``InvalidArgument``, as are classification
+  outputs. Inputs and outputs may live in system shared memory regions registered with this router
+  (``mcp_router.shm``); CUDA shared memory answers UNAVAILABLE (no CUDA here).
 - Request parameters, Triton's convention: "priority" (int64 or uint64), "timeout" (int64, microseconds,
   0 = none), "routing_key" (string; else "sequence_id" keys the route). Every other parameter is passed to
   the DataPlane as a string. The gRPC deadline, when shorter than "timeout", bounds the request.
@@ -18,35 +19,51 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import math
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from mcp_router.dataplane import DataPlane, Duration, InferResult, ModelConfigInfo, ModelStats, TensorMeta
+from mcp_router.shm import SharedMemory
 from mcpapi.kserve import grpc_service_pb2 as pb
 from mcpapi.kserve import grpc_service_pb2_grpc as pb_grpc
 from mcpapi.kserve import model_config_pb2 as mc
 from mcpcore import dtypes
-from mcpcore.errors import Internal, InvalidArgument
+from mcpcore.errors import Internal, InvalidArgument, MCPError, Unavailable, log_unexpected
 
 __all__ = [
     "EXTENSIONS",
+    "NO_CUDA_SHM",
     "SERVER_NAME",
     "InferOptions",
     "KServeServicer",
     "decode_inputs",
     "infer_options",
     "model_config_proto",
+    "shm_reference",
     "statistics_proto",
 ]
 
 SERVER_NAME = "mcpmesh"
 #: Protocol extensions served (ServerMetadata): Triton's model repository (index, load, unload), model
-#: configuration (ModelConfig) and statistics (ModelStatistics).
-EXTENSIONS = ("model_repository", "model_configuration", "statistics")
+#: configuration (ModelConfig), statistics (ModelStatistics), system shared memory and binary tensor
+#: data (REST).
+EXTENSIONS = (
+    "model_repository",
+    "model_configuration",
+    "statistics",
+    "system_shared_memory",
+    "binary_tensor_data",
+)
+STREAM_IN_FLIGHT = 1024  # requests of one ModelStreamInfer stream running at once
+NO_CUDA_SHM = Unavailable(
+    "CUDA shared memory is not available: the router runs no CUDA; use system shared memory "
+    "(SystemSharedMemoryRegister) or send the tensors"
+)
 
 # Which InferTensorContents field carries each datatype; FP16 and BF16 travel as raw bytes only.
 _TYPED_FIELD = {
@@ -78,9 +95,10 @@ _CONSUMED_PARAMETERS = frozenset({"routing_key", "priority", "timeout"})
 class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
     """The KServe V2 service; register with ``add_GRPCInferenceServiceServicer_to_server``."""
 
-    def __init__(self, dataplane: DataPlane, *, version: str) -> None:
+    def __init__(self, dataplane: DataPlane, *, version: str, shm: SharedMemory | None = None) -> None:
         self._dataplane = dataplane
         self._version = version
+        self._shm = shm if shm is not None else SharedMemory()
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=self._dataplane.live())
@@ -119,13 +137,55 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelStatisticsResponse(model_stats=[statistics_proto(s) for s in stats])
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        return await self._infer(request, _time_remaining(context))
+
+    async def ModelStreamInfer(
+        self, requests: AsyncIterator[pb.ModelInferRequest], context: Any
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Every request on the stream runs at once (at most ``STREAM_IN_FLIGHT``; reading waits past
+        that); answers come back as they finish, each with its request's id, and an error is an answer
+        too (``error_message``), so one bad request ends nothing else on the stream."""
+        answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        slots = asyncio.Semaphore(STREAM_IN_FLIGHT)
+        running: set[asyncio.Task[None]] = set()
+
+        async def one(request: pb.ModelInferRequest) -> None:
+            try:
+                answer = pb.ModelStreamInferResponse(infer_response=await self._infer(request, None))
+            except MCPError as err:
+                answer = _stream_error(request, err.message)
+            except Exception as exc:  # never past the stream: the others go on
+                answer = _stream_error(request, log_unexpected(exc, "ModelStreamInfer").message)
+            finally:
+                slots.release()
+            await answers.put(answer)
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    await slots.acquire()
+                    task = asyncio.create_task(one(request))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                await asyncio.gather(*running)
+            finally:
+                await answers.put(None)  # the client closed its side and every answer is out
+
+        reader = asyncio.create_task(read())
+        try:
+            while (answer := await answers.get()) is not None:
+                yield answer
+        finally:
+            reader.cancel()
+            for task in list(running):
+                task.cancel()
+
+    async def _infer(self, request: pb.ModelInferRequest, deadline_s: float | None) -> pb.ModelInferResponse:
         if not request.model_name:
             raise InvalidArgument("model_name is empty; name the model to run")
-        inputs = decode_inputs(request)
-        requested = _requested_outputs(request)
-        options = infer_options(
-            {key: _param_value(p) for key, p in request.parameters.items()}, _time_remaining(context)
-        )
+        inputs = decode_inputs(request, self._shm)
+        requested, into_shm = _requested_outputs(request)
+        options = infer_options({key: _param_value(p) for key, p in request.parameters.items()}, deadline_s)
         request_id = request.id  # the client's: only echoed in the response (the wire id is the router's)
         result = await self._dataplane.infer(
             request.model_name,
@@ -138,7 +198,39 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
             outputs=requested,
             parameters=options.parameters,
         )
-        return _encode_response(result, request_id, requested)
+        return _encode_response(result, request_id, requested, into_shm, self._shm)
+
+    # -- shared memory ---------------------------------------------------------------------------------
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest, context: Any
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        status = pb.SystemSharedMemoryStatusResponse.RegionStatus
+        regions = {
+            r.name: status(name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size)
+            for r in self._shm.status(request.name)
+        }
+        return pb.SystemSharedMemoryStatusResponse(regions=regions)
+
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest, context: Any
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self._shm.register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, context: Any
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self._shm.unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        raise NO_CUDA_SHM
+
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        raise NO_CUDA_SHM
+
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        raise NO_CUDA_SHM
 
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest, context: Any
@@ -180,6 +272,14 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         # "unload_dependents" (always sent by tritonclient) has nothing to act on: there are no ensembles.
         await self._dataplane.unload(_model_name(request.model_name))
         return pb.RepositoryModelUnloadResponse()
+
+
+def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
+    """A failed request's answer on a stream: the message, and what identifies the request."""
+    response = pb.ModelInferResponse(
+        id=request.id, model_name=request.model_name, model_version=request.model_version
+    )
+    return pb.ModelStreamInferResponse(error_message=message, infer_response=response)
 
 
 def _model_name(name: str) -> str:
@@ -299,8 +399,9 @@ def model_config_proto(info: ModelConfigInfo) -> mc.ModelConfig:
 # --- inputs ------------------------------------------------------------------------------------------
 
 
-def decode_inputs(request: pb.ModelInferRequest) -> dict[str, np.ndarray]:
-    """The request's input tensors by name, from ``raw_input_contents`` or typed ``contents``."""
+def decode_inputs(request: pb.ModelInferRequest, shm: SharedMemory | None = None) -> dict[str, np.ndarray]:
+    """The request's input tensors by name, from ``raw_input_contents``, typed ``contents`` or a system
+    shared memory region registered with ``shm``."""
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
         raise InvalidArgument(
@@ -311,18 +412,25 @@ def decode_inputs(request: pb.ModelInferRequest) -> dict[str, np.ndarray]:
     for i, tensor in enumerate(request.inputs):
         if tensor.name in arrays:
             raise InvalidArgument(f"input {tensor.name} appears twice; send each input once")
-        arrays[tensor.name] = _decode_tensor(tensor, raw[i] if raw else None)
+        arrays[tensor.name] = _decode_tensor(tensor, raw[i] if raw else None, shm)
     return arrays
 
 
-def _decode_tensor(tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -> np.ndarray:
+def _decode_tensor(
+    tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None, shm: SharedMemory | None
+) -> np.ndarray:
     name = tensor.name
-    if "shared_memory_region" in tensor.parameters:
-        raise InvalidArgument(f"input {name}: shared memory is not supported; send raw_input_contents")
     shape = tuple(tensor.shape)
     if any(d < 0 for d in shape):
         raise InvalidArgument(f"input {name}: shape {list(shape)} has a negative dimension")
     dtype = _input_dtype(name, tensor.datatype)
+    if "shared_memory_region" in tensor.parameters:
+        if shm is None:
+            raise InvalidArgument(f"input {name}: shared memory is not supported; send raw_input_contents")
+        region, offset, size = shm_reference(
+            {k: _param_value(p) for k, p in tensor.parameters.items()}, f"input {name}"
+        )
+        return shm.read(region, offset, size, dtype=dtype, shape=shape, what=f"input {name}")
     count = math.prod(shape)
     typed = [descriptor.name for descriptor, _ in tensor.contents.ListFields()]
     if raw is not None:
@@ -378,14 +486,35 @@ def _typed_array(
     return values.astype(dtype, copy=False).reshape(shape)
 
 
-def _requested_outputs(request: pb.ModelInferRequest) -> tuple[str, ...]:
-    names = []
+def _requested_outputs(
+    request: pb.ModelInferRequest,
+) -> tuple[tuple[str, ...], dict[str, tuple[str, int, int]]]:
+    """The outputs asked for by name, and those to write into shared memory (name -> region, offset,
+    byte size)."""
+    names, into_shm = [], {}
     for out in request.outputs:
-        for key in ("classification", "shared_memory_region"):
-            if key in out.parameters:
-                raise InvalidArgument(f"output {out.name}: parameter {key!r} is not supported")
+        if "classification" in out.parameters:
+            raise InvalidArgument(f"output {out.name}: parameter 'classification' is not supported")
+        if "shared_memory_region" in out.parameters:
+            values = {k: _param_value(p) for k, p in out.parameters.items()}
+            into_shm[out.name] = shm_reference(values, f"output {out.name}")
         names.append(out.name)
-    return tuple(names)
+    return tuple(names), into_shm
+
+
+def shm_reference(values: Mapping[str, Any], what: str) -> tuple[str, int, int]:
+    """(region, offset, byte size) from a tensor's shared memory parameters (Triton's names)."""
+    region, size, offset = (
+        values.get("shared_memory_region"),
+        values.get("shared_memory_byte_size"),
+        values.get("shared_memory_offset", 0),
+    )
+    if not isinstance(region, str) or not region:
+        raise InvalidArgument(f"{what}: shared_memory_region must name a registered region")
+    for key, value in (("shared_memory_byte_size", size), ("shared_memory_offset", offset)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidArgument(f"{what}: {key} must be an integer >= 0, got {value!r}")
+    return region, int(offset), int(size)  # type: ignore[arg-type]
 
 
 # --- parameters --------------------------------------------------------------------------------------
@@ -449,7 +578,11 @@ def _time_remaining(context: Any) -> float | None:
 
 
 def _encode_response(
-    result: InferResult, request_id: str, requested: tuple[str, ...]
+    result: InferResult,
+    request_id: str,
+    requested: tuple[str, ...],
+    into_shm: Mapping[str, tuple[str, int, int]] | None = None,
+    shm: SharedMemory | None = None,
 ) -> pb.ModelInferResponse:
     response = pb.ModelInferResponse(model_name=result.model, model_version=result.version, id=request_id)
     # the DataPlane checked the requested names: one it left out is a secondary output off at breaker
@@ -461,5 +594,12 @@ def _encode_response(
         except InvalidArgument as err:
             raise Internal(f"output {name} of model {result.model}: {err.message}") from None
         response.outputs.add(name=name, datatype=datatype, shape=array.shape)
-        response.raw_output_contents.append(array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
+        data = np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<"), copy=False))
+        target = (into_shm or {}).get(name)
+        if target is not None and shm is not None:  # written there; an empty entry keeps the indices
+            region, offset, size = target
+            shm.write(region, offset, size, memoryview(data).cast("B"), what=f"output {name}")
+            response.raw_output_contents.append(b"")
+        else:
+            response.raw_output_contents.append(data.tobytes())
     return response

@@ -20,6 +20,8 @@ Invariants:
   is not JSON, or binary data that does not add up, is a 400 naming what is wrong.
 - A request body over ``max_body_bytes`` is refused 413 before it is read whole.
 - Tensors are numeric: BYTES is refused as on gRPC; FP16 and BF16 travel as binary data only.
+- System shared memory (``/v2/systemsharedmemory/...``) shares its regions with the gRPC front door: a
+  region registered over either is usable from both; CUDA shared memory answers 503.
 - Request parameters are Triton's ("priority", "timeout" in microseconds, "routing_key", "sequence_id",
   "binary_data_output"), read by the same ``infer_options`` as gRPC.
 """
@@ -38,11 +40,14 @@ from google.protobuf import json_format
 from mcp_router.dataplane import DataPlane, InferResult
 from mcp_router.kserve import (
     EXTENSIONS,
+    NO_CUDA_SHM,
     SERVER_NAME,
     infer_options,
     model_config_proto,
+    shm_reference,
     statistics_proto,
 )
+from mcp_router.shm import SharedMemory
 from mcpcore import dtypes
 from mcpcore.errors import Internal, InvalidArgument, MCPError, http_status, log_unexpected
 
@@ -116,8 +121,16 @@ def _guarded(handler: Handler, max_body: int) -> Handler:
 
 
 class RestFrontEnd:
-    def __init__(self, dataplane: DataPlane, *, version: str, max_body_bytes: int = 64 << 20) -> None:
+    def __init__(
+        self,
+        dataplane: DataPlane,
+        *,
+        version: str,
+        max_body_bytes: int = 64 << 20,
+        shm: SharedMemory | None = None,
+    ) -> None:
         self._dataplane = dataplane
+        self._shm = shm if shm is not None else SharedMemory()
         self._version = version
         self._max_body = max_body_bytes
         self._runner: web.AppRunner | None = None
@@ -135,6 +148,16 @@ class RestFrontEnd:
             web.post("/v2/repository/index", self._index),
             web.post("/v2/repository/models/{model}/load", self._load),
             web.post("/v2/repository/models/{model}/unload", self._unload),
+            web.get("/v2/systemsharedmemory/status", self._shm_status),
+            web.get("/v2/systemsharedmemory/region/{region}/status", self._shm_status),
+            web.post("/v2/systemsharedmemory/region/{region}/register", self._shm_register),
+            web.post("/v2/systemsharedmemory/unregister", self._shm_unregister),
+            web.post("/v2/systemsharedmemory/region/{region}/unregister", self._shm_unregister),
+            web.get("/v2/cudasharedmemory/status", self._no_cuda_shm),
+            web.get("/v2/cudasharedmemory/region/{region}/status", self._no_cuda_shm),
+            web.post("/v2/cudasharedmemory/region/{region}/register", self._no_cuda_shm),
+            web.post("/v2/cudasharedmemory/unregister", self._no_cuda_shm),
+            web.post("/v2/cudasharedmemory/region/{region}/unregister", self._no_cuda_shm),
         ]
         for path in versioned:
             routes += [
@@ -236,6 +259,30 @@ class RestFrontEnd:
         await self._dataplane.unload(request.match_info["model"])
         return web.Response(status=200)
 
+    # -- shared memory ---------------------------------------------------------------------------------
+    async def _shm_status(self, request: web.Request) -> web.Response:
+        regions = self._shm.status(request.match_info.get("region", ""))
+        rows = [{"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size} for r in regions]
+        return web.json_response(rows)
+
+    async def _shm_register(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        key, offset, size = body.get("key"), body.get("offset", 0), body.get("byte_size")
+        if not isinstance(key, str) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in (offset, size)
+        ):
+            raise InvalidArgument('register needs {"key": "/name", "offset": bytes, "byte_size": bytes}')
+        self._shm.register(request.match_info["region"], key, offset, size)
+        return web.Response(status=200)
+
+    async def _shm_unregister(self, request: web.Request) -> web.Response:
+        await _json_body(request, allow_empty=True)
+        self._shm.unregister(request.match_info.get("region", ""))
+        return web.Response(status=200)
+
+    async def _no_cuda_shm(self, request: web.Request) -> web.Response:
+        raise NO_CUDA_SHM
+
     # -- inference -------------------------------------------------------------------------------------
     async def _infer(self, request: web.Request) -> web.Response:
         model, version = _names(request)
@@ -243,12 +290,12 @@ class RestFrontEnd:
         header, binary = _split_body(request, body)
         if not isinstance(header, dict):
             raise InvalidArgument("the inference request must be a JSON object")
-        inputs = _decode_inputs(header.get("inputs"), binary)
+        inputs = _decode_inputs(header.get("inputs"), binary, self._shm)
         params = header.get("parameters") or {}
         if not isinstance(params, dict):
             raise InvalidArgument("parameters must be a JSON object")
         options = infer_options(params)
-        outputs, binary_out = _requested(header.get("outputs"), params)
+        outputs, binary_out, into_shm = _requested(header.get("outputs"), params)
         request_id = header.get("id", "")
         if not isinstance(request_id, str):
             raise InvalidArgument("id must be a string")
@@ -263,7 +310,7 @@ class RestFrontEnd:
             outputs=tuple(outputs),
             parameters=options.parameters,
         )
-        return _encode_result(result, request_id, outputs, binary_out)
+        return _encode_result(result, request_id, outputs, binary_out, into_shm=into_shm, shm=self._shm)
 
 
 def _names(request: web.Request) -> tuple[str, str]:
@@ -303,7 +350,7 @@ def _split_body(request: web.Request, body: bytes) -> tuple[Any, memoryview]:
     return header, view[cut:]
 
 
-def _decode_inputs(specs: Any, binary: memoryview) -> dict[str, np.ndarray]:
+def _decode_inputs(specs: Any, binary: memoryview, shm: SharedMemory) -> dict[str, np.ndarray]:
     if not isinstance(specs, list) or not specs:
         raise InvalidArgument("inputs must be a non-empty list of tensors")
     arrays: dict[str, np.ndarray] = {}
@@ -329,8 +376,11 @@ def _decode_inputs(specs: Any, binary: memoryview) -> dict[str, np.ndarray]:
         count = math.prod(shape)
         params = spec.get("parameters") or {}
         size = params.get("binary_data_size") if isinstance(params, dict) else None
-        if "shared_memory_region" in (params if isinstance(params, dict) else {}):
-            raise InvalidArgument(f"input {name}: shared memory is not supported; send data or binary data")
+        if isinstance(params, dict) and "shared_memory_region" in params:
+            region, shm_offset, shm_size = shm_reference(params, f"input {name}")
+            what = f"input {name}"
+            arrays[name] = shm.read(region, shm_offset, shm_size, dtype=dtype, shape=tuple(shape), what=what)
+            continue
         if size is not None:
             if not isinstance(size, int) or size != count * dtype.itemsize:
                 raise InvalidArgument(
@@ -361,14 +411,17 @@ def _decode_inputs(specs: Any, binary: memoryview) -> dict[str, np.ndarray]:
     return arrays
 
 
-def _requested(specs: Any, params: Mapping[str, Any]) -> tuple[list[str], set[str]]:
-    """The outputs asked for (empty: all) and which of them go back as binary data."""
+def _requested(
+    specs: Any, params: Mapping[str, Any]
+) -> tuple[list[str], set[str], dict[str, tuple[str, int, int]]]:
+    """The outputs asked for (empty: all), which of them go back as binary data, and which go into
+    shared memory (name -> region, offset, byte size)."""
     default_binary = params.get("binary_data_output") is True
     if specs is None:
-        return [], ({"*"} if default_binary else set())
+        return [], ({"*"} if default_binary else set()), {}
     if not isinstance(specs, list):
         raise InvalidArgument("outputs must be a list")
-    names, binary = [], set()
+    names, binary, into_shm = [], set(), {}
     for i, spec in enumerate(specs):
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
             raise InvalidArgument(f"outputs[{i}] must be an object with a name")
@@ -378,13 +431,21 @@ def _requested(specs: Any, params: Mapping[str, Any]) -> tuple[list[str], set[st
         if "classification" in p:
             raise InvalidArgument(f"output {spec['name']}: classification is not supported")
         names.append(spec["name"])
-        if p.get("binary_data", default_binary) is True:
+        if "shared_memory_region" in p:
+            into_shm[spec["name"]] = shm_reference(p, f"output {spec['name']}")
+        elif p.get("binary_data", default_binary) is True:
             binary.add(spec["name"])
-    return names, binary
+    return names, binary, into_shm
 
 
 def _encode_result(
-    result: InferResult, request_id: str, requested: list[str], binary: set[str]
+    result: InferResult,
+    request_id: str,
+    requested: list[str],
+    binary: set[str],
+    *,
+    into_shm: Mapping[str, tuple[str, int, int]],
+    shm: SharedMemory,
 ) -> web.Response:
     names = [n for n in requested if n in result.outputs] if requested else list(result.outputs)
     outputs, blobs = [], []
@@ -395,7 +456,12 @@ def _encode_result(
         except InvalidArgument as err:
             raise Internal(f"output {name} of model {result.model}: {err.message}") from None
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
-        if name in binary or "*" in binary or datatype in ("FP16", "BF16"):
+        target = into_shm.get(name)
+        if target is not None:  # written into the client's region: the reply carries its shape only
+            region, offset, size = target
+            data = np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<"), copy=False))
+            shm.write(region, offset, size, memoryview(data).cast("B"), what=f"output {name}")
+        elif name in binary or "*" in binary or datatype in ("FP16", "BF16"):
             blob = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)

@@ -24,6 +24,7 @@ from mcp_router.kserve import KServeServicer
 from mcp_router.rest import RestFrontEnd
 from mcp_router.router import RetryBudget, Router
 from mcp_router.servicer_v2 import InferenceV1, InferenceV2
+from mcp_router.shm import SharedMemory
 from mcp_router.snapshot import RoutingTable, Snapshots
 from mcp_router.stats import RequestStats, RouterMetrics, StatsPublisher
 from mcpapi.kserve import grpc_service_pb2_grpc as kserve_grpc
@@ -105,7 +106,10 @@ class RouterServer:
                 ("grpc.max_send_message_length", 64 << 20),
             ],
         )
-        self.rest = RestFrontEnd(self.router, version=VERSION, max_body_bytes=config.rest_max_body_bytes)
+        self.shm = SharedMemory()  # system shared memory regions: one registry for both front doors
+        self.rest = RestFrontEnd(
+            self.router, version=VERSION, max_body_bytes=config.rest_max_body_bytes, shm=self.shm
+        )
         self._metrics_server: Any = None
         self.endpoints: dict[str, str] = {}
         self._lag = LoopLagMonitor(self.metrics.loop_lag.observe)
@@ -120,7 +124,7 @@ class RouterServer:
         self.grpc.add(v2_grpc.add_InferenceServicer_to_server, InferenceV2(self.router))
         self.grpc.add(
             kserve_grpc.add_GRPCInferenceServiceServicer_to_server,
-            KServeServicer(self.router, version=VERSION),
+            KServeServicer(self.router, version=VERSION, shm=self.shm),
         )
         port = await self.grpc.start(cfg.grpc_host, cfg.grpc_port)
         rest_port = await self.rest.start(cfg.rest_host, cfg.rest_port) if cfg.rest_port >= 0 else None
@@ -147,6 +151,7 @@ class RouterServer:
         await self.publisher.stop()
         await self.snapshots.stop()
         await self.forwarder.close()
+        self.shm.close()
         await self.store.close()
         await self._lag.stop()
         if self._metrics_server is not None:
