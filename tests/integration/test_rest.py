@@ -177,7 +177,7 @@ def test_the_binary_extension_frames_the_reply(rest, repo):
     np.testing.assert_allclose(values, mlp_reference(repo, "demo-mlp", "1", X), rtol=1e-5)
 
 
-def test_a_body_over_the_limit_is_refused_413(tmp_path, etcd_endpoint):
+def test_a_body_over_the_limit_is_refused_413_and_the_router_stops_cleanly(tmp_path, etcd_endpoint):
     router = RouterProcess(tmp_path, etcd_endpoint, prefix=f"/t{uuid.uuid4().hex[:8]}/mcp",
                            scheduler="", rest_max_body_bytes=1024).start()  # fmt: skip
     try:
@@ -185,6 +185,8 @@ def test_a_body_over_the_limit_is_refused_413(tmp_path, etcd_endpoint):
         assert got == 413 and "over the 1024-byte limit" in json.loads(raw)["error"]
     finally:
         router.stop()
+    assert router.proc.returncode == 0
+    assert "failed; exiting anyway" not in router.log.read_text()  # both front doors drained and closed
 
 
 def test_tritonclient_http_raises_with_the_status_text(rest):

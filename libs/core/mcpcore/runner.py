@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import json
 import logging
@@ -63,8 +62,10 @@ async def serve(factory: Callable[[C], Service], config: C) -> None:
     gc.freeze()  # what start() made lives as long as the process: no full pass walks it again
     print(json.dumps({"event": "ready", **endpoints}), flush=True)
     await stop.wait()
-    with contextlib.suppress(Exception):
+    try:
         await service.stop()
+    except Exception:  # the process ends either way; a stop that failed halfway must be seen
+        logging.getLogger(__name__).exception("stopping %s failed; exiting anyway", type(service).__name__)
 
 
 def main(

@@ -128,13 +128,14 @@ class RestFrontEnd:
         version: str,
         max_body_bytes: int = 64 << 20,
         shm: SharedMemory | None = None,
+        drain_timeout_s: float = 30.0,
     ) -> None:
         self._dataplane = dataplane
         self._shm = shm if shm is not None else SharedMemory()
         self._version = version
         self._max_body = max_body_bytes
         self._runner: web.AppRunner | None = None
-        self._grace_s = 30.0
+        self._grace_s = drain_timeout_s
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self._max_body)
@@ -181,11 +182,9 @@ class RestFrontEnd:
         server = site._server
         return int(server.sockets[0].getsockname()[1]) if server is not None else port
 
-    async def stop(self, grace_s: float = 1.0) -> None:
-        """Stop taking connections; requests in flight get ``grace_s`` to finish."""
-        self._grace_s = grace_s
+    async def stop(self) -> None:
+        """Stop taking connections; requests in flight get ``drain_timeout_s`` to finish."""
         if self._runner is not None:
-            self._runner.shutdown_timeout = grace_s  # type: ignore[misc]
             await self._runner.shutdown()
             await self._runner.cleanup()
             self._runner = None

@@ -108,7 +108,11 @@ class RouterServer:
         )
         self.shm = SharedMemory()  # system shared memory regions: one registry for both front doors
         self.rest = RestFrontEnd(
-            self.router, version=VERSION, max_body_bytes=config.rest_max_body_bytes, shm=self.shm
+            self.router,
+            version=VERSION,
+            max_body_bytes=config.rest_max_body_bytes,
+            shm=self.shm,
+            drain_timeout_s=config.drain_timeout_s,
         )
         self._metrics_server: Any = None
         self.endpoints: dict[str, str] = {}
@@ -146,7 +150,7 @@ class RouterServer:
         await asyncio.sleep(self.config.shutdown_delay_s)  # a notice period, not a synchronisation
         await asyncio.gather(  # in-flight calls finish first, on both front doors
             self.grpc.stop(grace_s=self.config.drain_timeout_s),
-            self.rest.stop(grace_s=self.config.drain_timeout_s),
+            self.rest.stop(),
         )
         await self.publisher.stop()
         await self.snapshots.stop()
