@@ -41,6 +41,7 @@ OUR_RPCS = {
     "CudaSharedMemoryStatus",
     "CudaSharedMemoryRegister",
     "CudaSharedMemoryUnregister",
+    "LogSettings",
     "RepositoryIndex",
     "RepositoryModelLoad",
     "RepositoryModelUnload",

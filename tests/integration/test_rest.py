@@ -9,15 +9,19 @@ import urllib.error
 import urllib.request
 import uuid
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.http as triton_http
 from harness import RouterProcess, SchedulerProcess, WorkerProcess, mlp_reference, wait_for
 from tritonclient.utils import InferenceServerException
 
+from mcpapi.kserve import grpc_service_pb2 as pb
+from mcpapi.kserve import grpc_service_pb2_grpc as pb_grpc
 from mcpapi.v2 import control_pb2, control_pb2_grpc, model_pb2
 
 X = np.random.default_rng(5).standard_normal((3, 64), dtype=np.float32)
+GRPC: dict[str, str] = {}  # the fixture's router's gRPC address, for the tests that compare both doors
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +36,7 @@ def rest(tmp_path_factory, etcd_endpoint, repo):
         spec = model_pb2.ModelSpec(model="demo-mlp", versions=["1", "2"], replicas=1)
         control.LoadModel(control_pb2.LoadModelRequest(spec=spec), timeout=60)
         url = router.endpoints["rest"]
+        GRPC["router"] = router.endpoints["grpc"]
         client = triton_http.InferenceServerClient(url, network_timeout=30)
         wait_for(lambda: client.is_model_ready("demo-mlp"), what="the route")
         yield url, client
@@ -194,3 +199,23 @@ def test_tritonclient_http_raises_with_the_status_text(rest):
     with pytest.raises(InferenceServerException) as info:
         client.get_model_metadata("no-such-model")
     assert "no-such-model" in info.value.message()
+
+
+def test_log_settings_are_the_routers_own_level_over_both_doors(rest):
+    _, client = rest
+    assert client.get_log_settings()["log_verbose_level"] == 0
+    try:
+        assert client.update_log_settings({"log_verbose_level": 1})["log_verbose_level"] == 1
+        stub = pb_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(GRPC["router"]))
+        seen = stub.LogSettings(pb.LogSettingsRequest(), timeout=5).settings  # read only: the same process
+        assert seen["log_verbose_level"].uint32_param == 1 and seen["log_info"].bool_param is True
+        with pytest.raises(InferenceServerException, match="log_file is not supported"):
+            client.update_log_settings({"log_file": "/tmp/router.log"})
+        with pytest.raises(grpc.RpcError) as info:
+            request = pb.LogSettingsRequest()
+            request.settings["log_warning"].bool_param = False
+            stub.LogSettings(request, timeout=5)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "threshold" in info.value.details()
+        assert client.get_log_settings()["log_verbose_level"] == 1  # the refused changes moved nothing
+    finally:
+        client.update_log_settings({"log_verbose_level": 0})

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from mcp_router import logsettings
 from mcp_router.dataplane import DataPlane, Duration, InferResult, ModelConfigInfo, ModelStats, TensorMeta
 from mcp_router.shm import SharedMemory
 from mcpapi.kserve import grpc_service_pb2 as pb
@@ -50,14 +51,15 @@ __all__ = [
 
 SERVER_NAME = "mcpmesh"
 #: Protocol extensions served (ServerMetadata): Triton's model repository (index, load, unload), model
-#: configuration (ModelConfig), statistics (ModelStatistics), system shared memory and binary tensor
-#: data (REST).
+#: configuration (ModelConfig), statistics (ModelStatistics), system shared memory, binary tensor data
+#: (REST) and logging (LogSettings: the router's own log level).
 EXTENSIONS = (
     "model_repository",
     "model_configuration",
     "statistics",
     "system_shared_memory",
     "binary_tensor_data",
+    "logging",
 )
 STREAM_IN_FLIGHT = 1024  # requests of one ModelStreamInfer stream running at once
 NO_CUDA_SHM = Unavailable(
@@ -232,6 +234,21 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
         raise NO_CUDA_SHM
 
+    # -- logging ---------------------------------------------------------------------------------------
+    async def LogSettings(self, request: pb.LogSettingsRequest, context: Any) -> pb.LogSettingsResponse:
+        changes = {key: _setting_value(key, v) for key, v in request.settings.items()}
+        settings = logsettings.apply(changes) if changes else logsettings.current()
+        value = pb.LogSettingsResponse.SettingValue
+        out = {}
+        for key, v in settings.items():
+            if isinstance(v, bool):
+                out[key] = value(bool_param=v)
+            elif isinstance(v, int):
+                out[key] = value(uint32_param=v)
+            else:
+                out[key] = value(string_param=v)
+        return pb.LogSettingsResponse(settings=out)
+
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest, context: Any
     ) -> pb.RepositoryIndexResponse:
@@ -272,6 +289,13 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         # "unload_dependents" (always sent by tritonclient) has nothing to act on: there are no ensembles.
         await self._dataplane.unload(_model_name(request.model_name))
         return pb.RepositoryModelUnloadResponse()
+
+
+def _setting_value(key: str, value: pb.LogSettingsRequest.SettingValue) -> bool | int | str:
+    which = value.WhichOneof("parameter_choice")
+    if which is None:
+        raise InvalidArgument(f"log setting {key} has no value")
+    return getattr(value, which)  # type: ignore[no-any-return]
 
 
 def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:

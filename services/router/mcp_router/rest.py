@@ -13,6 +13,7 @@ Endpoints (Triton's paths; ``[/versions/{version}]`` is optional everywhere it a
   input's ``binary_data_size`` bytes in input order; outputs asked for with ``binary_data`` come back the
   same way).
 - ``POST /v2/repository/index``, ``POST /v2/repository/models/{model}/load`` and ``.../unload``.
+- ``GET``/``POST /v2/logging``: the router's log settings (``mcp_router.logsettings``).
 
 Invariants:
 - Errors are ``{"error": message}`` with the HTTP status ``mcpcore.errors.http_status`` gives the error's
@@ -37,6 +38,7 @@ import numpy as np
 from aiohttp import web
 from google.protobuf import json_format
 
+from mcp_router import logsettings
 from mcp_router.dataplane import DataPlane, InferResult
 from mcp_router.kserve import (
     EXTENSIONS,
@@ -154,6 +156,8 @@ class RestFrontEnd:
             web.post("/v2/systemsharedmemory/region/{region}/register", self._shm_register),
             web.post("/v2/systemsharedmemory/unregister", self._shm_unregister),
             web.post("/v2/systemsharedmemory/region/{region}/unregister", self._shm_unregister),
+            web.get("/v2/logging", self._logging),
+            web.post("/v2/logging", self._logging),
             web.get("/v2/cudasharedmemory/status", self._no_cuda_shm),
             web.get("/v2/cudasharedmemory/region/{region}/status", self._no_cuda_shm),
             web.post("/v2/cudasharedmemory/region/{region}/register", self._no_cuda_shm),
@@ -281,6 +285,10 @@ class RestFrontEnd:
 
     async def _no_cuda_shm(self, request: web.Request) -> web.Response:
         raise NO_CUDA_SHM
+
+    async def _logging(self, request: web.Request) -> web.Response:
+        changes = await _json_body(request, allow_empty=True) if request.method == "POST" else {}
+        return web.json_response(logsettings.apply(changes) if changes else logsettings.current())
 
     # -- inference -------------------------------------------------------------------------------------
     async def _infer(self, request: web.Request) -> web.Response:
