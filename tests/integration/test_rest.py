@@ -157,6 +157,13 @@ def test_malformed_bodies_are_400s_naming_the_fault(rest):
     assert got == 400 and "4 bytes of binary data belong to no input" in json.loads(raw)["error"]
     got, _, raw = _http(url, "POST", path, head, {"Inference-Header-Content-Length": "999999"})
     assert got == 400 and "Inference-Header-Content-Length is 999999" in json.loads(raw)["error"]
+    got, _, raw = _http(url, "POST", path, b"[" * 100_000 + b"]" * 100_000)  # nested past the parser's depth
+    assert got == 400 and "does not parse" in json.loads(raw)["error"]
+    huge = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [0, 10**20], "data": []}]}
+    got, _, raw = _http(url, "POST", path, json.dumps(huge).encode())
+    assert got == 400 and "is too large" in json.loads(raw)["error"]
+    got, _, raw = _http(url, "POST", "/v2/repository/models/demo-mlp/load", b'{"parameters": "x"}')
+    assert got == 400 and "parameters must be a JSON object" in json.loads(raw)["error"]
 
 
 def test_the_binary_extension_frames_the_reply(rest, repo):

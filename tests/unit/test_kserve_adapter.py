@@ -370,7 +370,7 @@ def shared_memory_input() -> pb.ModelInferRequest:
         (lambda: with_raw("FP8", [1], b"\0"), "input INPUT0: unknown data type 'FP8'"),
         (lambda: with_raw("FP32", [-1, 2], b""), "input INPUT0: shape [-1, 2] has a negative dimension"),
         (duplicate_inputs, "input INPUT0 appears twice"),
-        (shared_memory_input, "input INPUT0: shared_memory_byte_size must be an integer >= 0, got None"),
+        (shared_memory_input, "raw_input_contents has 1 entries but the request has 0 inputs not in shared"),
         (pb.ModelInferRequest, "model_name is empty"),
     ],
     ids=lambda v: v.split(":")[-1].strip().split(" ")[0] if isinstance(v, str) else "",

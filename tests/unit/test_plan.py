@@ -175,6 +175,12 @@ def test_an_idle_record_being_forgotten_is_a_wait_not_a_failure():
     assert not status.error and "waits for its old record on w1 to be cleared" in status.pending
 
 
+def test_an_idle_record_on_a_draining_worker_is_a_shortfall_not_a_wait():
+    view = cluster([worker("w1", draining=True)], [rep("1", "w1", S.IDLE)], [spec()])
+    p = plan(view, in_flight={("m", "1", "w1"): "forget"})
+    assert p.status["m"].error_code == "RESOURCE_EXHAUSTED"
+
+
 def test_an_idle_record_is_no_obstacle_a_load_goes_there_again():
     # unloaded (by hand or by the scheduler) and asked for again at once: the only worker must not
     # count as "already holds a copy"; the load takes the record instead of a forget

@@ -366,10 +366,11 @@ class Forwarder:
             return
         try:
             msg = wire.Message(header, wire.tensors_of(header, frames[1:], self.limits))
-        except MCPError as exc:
+        except Exception as exc:  # whatever the reply holds, its request fails now, not at its deadline
             self._on_error("zmq_reply")
+            why = exc.message if isinstance(exc, MCPError) else f"{type(exc).__name__}: {exc}"
             entry.future.set_exception(
-                Internal(f"worker {worker_id} sent a reply that does not decode: {exc.message}")
+                Internal(f"worker {worker_id} sent a reply that does not decode: {why}")
             )
             return
         entry.future.set_result(msg)

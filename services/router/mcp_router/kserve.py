@@ -42,6 +42,7 @@ __all__ = [
     "SERVER_NAME",
     "InferOptions",
     "KServeServicer",
+    "check_shape",
     "decode_inputs",
     "infer_options",
     "model_config_proto",
@@ -147,9 +148,12 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         """Every request on the stream runs at once (at most ``STREAM_IN_FLIGHT``; reading waits past
         that); answers come back as they finish, each with its request's id, and an error is an answer
         too (``error_message``), so one bad request ends nothing else on the stream."""
+        # Bounded both ways: at most STREAM_IN_FLIGHT requests are running or waiting to be sent back, so a
+        # client that writes and never reads stops being read (gRPC flow control), not the router's memory.
         answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         slots = asyncio.Semaphore(STREAM_IN_FLIGHT)
         running: set[asyncio.Task[None]] = set()
+        failure: list[BaseException] = []
 
         async def one(request: pb.ModelInferRequest) -> None:
             try:
@@ -158,9 +162,7 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
                 answer = _stream_error(request, err.message)
             except Exception as exc:  # never past the stream: the others go on
                 answer = _stream_error(request, log_unexpected(exc, "ModelStreamInfer").message)
-            finally:
-                slots.release()
-            await answers.put(answer)
+            await answers.put(answer)  # its slot is freed once it has been sent
 
         async def read() -> None:
             try:
@@ -170,17 +172,22 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
                     running.add(task)
                     task.add_done_callback(running.discard)
                 await asyncio.gather(*running)
+            except Exception as exc:  # the request stream broke: answer what ran, then fail the call
+                failure.append(exc)
             finally:
-                await answers.put(None)  # the client closed its side and every answer is out
+                await answers.put(None)  # the client closed its side (or it broke) and every answer is out
 
         reader = asyncio.create_task(read())
         try:
             while (answer := await answers.get()) is not None:
                 yield answer
+                slots.release()
         finally:
             reader.cancel()
             for task in list(running):
                 task.cancel()
+        if failure:
+            raise failure[0]
 
     async def _infer(self, request: pb.ModelInferRequest, deadline_s: float | None) -> pb.ModelInferResponse:
         if not request.model_name:
@@ -427,16 +434,22 @@ def decode_inputs(request: pb.ModelInferRequest, shm: SharedMemory | None = None
     """The request's input tensors by name, from ``raw_input_contents``, typed ``contents`` or a system
     shared memory region registered with ``shm``."""
     raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
+    # raw entries belong, in order, to the inputs that are not in shared memory (as tritonclient sends them)
+    carried = [t for t in request.inputs if "shared_memory_region" not in t.parameters]
+    if raw and len(raw) != len(carried):
         raise InvalidArgument(
-            f"raw_input_contents has {len(raw)} entries but the request has {len(request.inputs)} inputs; "
-            "send one entry per input, in the order of inputs"
+            f"raw_input_contents has {len(raw)} entries but the request has {len(carried)} inputs not in "
+            "shared memory; send one entry per such input, in the order of inputs"
         )
     arrays: dict[str, np.ndarray] = {}
-    for i, tensor in enumerate(request.inputs):
+    next_raw = 0
+    for tensor in request.inputs:
         if tensor.name in arrays:
             raise InvalidArgument(f"input {tensor.name} appears twice; send each input once")
-        arrays[tensor.name] = _decode_tensor(tensor, raw[i] if raw else None, shm)
+        entry = None
+        if raw and "shared_memory_region" not in tensor.parameters:
+            entry, next_raw = raw[next_raw], next_raw + 1
+        arrays[tensor.name] = _decode_tensor(tensor, entry, shm)
     return arrays
 
 
@@ -444,9 +457,7 @@ def _decode_tensor(
     tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None, shm: SharedMemory | None
 ) -> np.ndarray:
     name = tensor.name
-    shape = tuple(tensor.shape)
-    if any(d < 0 for d in shape):
-        raise InvalidArgument(f"input {name}: shape {list(shape)} has a negative dimension")
+    shape = check_shape(f"input {name}", tuple(tensor.shape))
     dtype = _input_dtype(name, tensor.datatype)
     if "shared_memory_region" in tensor.parameters:
         if shm is None:
@@ -524,6 +535,18 @@ def _requested_outputs(
             into_shm[out.name] = shm_reference(values, f"output {out.name}")
         names.append(out.name)
     return tuple(names), into_shm
+
+
+MAX_DIM = (1 << 31) - 1  # no dimension past this (numpy and the wire could not take it anyway)
+
+
+def check_shape(what: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A tensor's shape from a client: non-negative dimensions numpy can hold."""
+    if any(d < 0 for d in shape):
+        raise InvalidArgument(f"{what}: shape {list(shape)} has a negative dimension")
+    if any(d > MAX_DIM for d in shape) or math.prod(shape) > MAX_DIM:
+        raise InvalidArgument(f"{what}: shape {list(shape)} is too large (at most {MAX_DIM} elements)")
+    return shape
 
 
 def shm_reference(values: Mapping[str, Any], what: str) -> tuple[str, int, int]:
@@ -622,7 +645,7 @@ def _encode_response(
         target = (into_shm or {}).get(name)
         if target is not None and shm is not None:  # written there; an empty entry keeps the indices
             region, offset, size = target
-            shm.write(region, offset, size, memoryview(data).cast("B"), what=f"output {name}")
+            shm.write(region, offset, size, data.reshape(-1).view(np.uint8).data, what=f"output {name}")
             response.raw_output_contents.append(b"")
         else:
             response.raw_output_contents.append(data.tobytes())

@@ -44,6 +44,7 @@ from mcp_router.kserve import (
     EXTENSIONS,
     NO_CUDA_SHM,
     SERVER_NAME,
+    check_shape,
     infer_options,
     model_config_proto,
     shm_reference,
@@ -250,7 +251,10 @@ class RestFrontEnd:
 
     async def _load(self, request: web.Request) -> web.Response:
         body = await _json_body(request, allow_empty=True)
-        if (body.get("parameters") or {}).get("config"):
+        params = body.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise InvalidArgument("parameters must be a JSON object")
+        if params.get("config"):
             raise InvalidArgument(
                 "load with a config override is not supported; write the model's model.yaml"
             )
@@ -330,8 +334,8 @@ async def _json_body(request: web.Request, *, allow_empty: bool = False) -> dict
         return {}
     try:
         body = json.loads(raw)
-    except ValueError as exc:
-        raise InvalidArgument(f"the request body is not JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:
+        raise InvalidArgument(f"the request body is not JSON ({type(exc).__name__}: {exc})") from None
     if not isinstance(body, dict):
         raise InvalidArgument("the request body must be a JSON object")
     return body
@@ -352,8 +356,8 @@ def _split_body(request: web.Request, body: bytes) -> tuple[Any, memoryview]:
             raise InvalidArgument(f"{HEADER_LENGTH} is {cut} but the body has {len(body)} bytes")
     try:
         header = json.loads(view[:cut].tobytes())
-    except ValueError as exc:
-        raise InvalidArgument(f"the inference request's JSON does not parse ({exc})") from None
+    except (ValueError, RecursionError) as exc:
+        raise InvalidArgument(f"the inference request's JSON does not parse ({type(exc).__name__})") from None
     return header, view[cut:]
 
 
@@ -370,8 +374,11 @@ def _decode_inputs(specs: Any, binary: memoryview, shm: SharedMemory) -> dict[st
             raise InvalidArgument(f"inputs[{i}] has no name")
         if name in arrays:
             raise InvalidArgument(f"input {name} appears twice; send each input once")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) for d in shape
+        ):
             raise InvalidArgument(f"input {name}: shape must be a list of non-negative integers")
+        check_shape(f"input {name}", tuple(shape))
         if datatype == "BYTES":
             raise InvalidArgument(
                 f"input {name}: BYTES tensors are not supported; only numeric datatypes are"
@@ -408,7 +415,7 @@ def _decode_inputs(specs: Any, binary: memoryview, shm: SharedMemory) -> dict[st
             raise InvalidArgument(f"input {name} has neither data nor binary_data_size")
         try:
             array = np.asarray(spec["data"], dtype=dtype)
-        except (TypeError, ValueError, OverflowError) as exc:
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             raise InvalidArgument(f"input {name}: data is not {datatype} ({exc})") from None
         if array.size != count:
             raise InvalidArgument(f"input {name}: {array.size} values for shape {shape} ({count} needed)")
@@ -467,7 +474,7 @@ def _encode_result(
         if target is not None:  # written into the client's region: the reply carries its shape only
             region, offset, size = target
             data = np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<"), copy=False))
-            shm.write(region, offset, size, memoryview(data).cast("B"), what=f"output {name}")
+            shm.write(region, offset, size, data.reshape(-1).view(np.uint8).data, what=f"output {name}")
         elif name in binary or "*" in binary or datatype in ("FP16", "BF16"):
             blob = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
             entry["parameters"] = {"binary_data_size": len(blob)}

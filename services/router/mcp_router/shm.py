@@ -15,14 +15,19 @@ Invariants:
   when no request still reads from it (the mapping lives as long as the arrays that view it).
 - Per router process: a region registered with one router is unknown to another (as with Triton, each
   server has its own), and every router drops its regions when it stops.
+- Known hazard, as with any mmap of memory another process owns: a client that shrinks its object after
+  registering it makes the router's next access fault. Register only objects you keep at their size
+  until you unregister them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import mmap
 import os
 import re
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,14 +75,17 @@ class SharedMemory:
                     f"shared memory region {name!r} is registered already; unregister it first"
                 )
             path = self._dir / key[1:]
-            try:
-                fd = os.open(path, os.O_RDWR)
+            try:  # no symlink out of the directory, and only a regular file (what shm_open makes)
+                fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
             except OSError as exc:
                 raise InvalidArgument(
                     f"region {name}: cannot open shared memory {key!r}: {exc.strerror}"
                 ) from None
             try:
-                size = os.fstat(fd).st_size
+                info = os.fstat(fd)
+                if not stat.S_ISREG(info.st_mode):
+                    raise InvalidArgument(f"region {name}: {key!r} is not a shared memory object")
+                size = info.st_size
                 if offset + byte_size > size:
                     raise InvalidArgument(
                         f"region {name}: offset {offset} + byte_size {byte_size} is past the end of {key!r} "
@@ -120,7 +128,7 @@ class SharedMemory:
         self, name: str, offset: int, byte_size: int, *, dtype: np.dtype, shape: tuple[int, ...], what: str
     ) -> np.ndarray:
         """The tensor in the region, as a read-only view of the mapping."""
-        need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        need = math.prod(shape) * dtype.itemsize
         if byte_size != need:
             raise InvalidArgument(
                 f"{what}: shared_memory_byte_size {byte_size} but shape {list(shape)} needs {need}"

@@ -549,7 +549,10 @@ class _Planner:
             leaving = sorted(
                 r.worker
                 for r in self.placing.replicas_of(m, version)
-                if r.state is S.IDLE and r.worker not in self.resting.get((m, version), ())
+                if r.state is S.IDLE
+                and self.in_flight.get(r.key) == "forget"
+                and self._usable(r.worker)
+                and r.worker not in self.resting.get((m, version), ())
             )
             if leaving:
                 self.waiting[m].append(

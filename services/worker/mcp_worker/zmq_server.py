@@ -109,6 +109,7 @@ class TensorServer:
         self._sock: zmq.Socket[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._look_scheduled = False
+        self._stopping = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.endpoint = ""
         self.draining = False
@@ -165,6 +166,7 @@ class TensorServer:
             await asyncio.sleep(min(quiet_s - (now - self.last_request), deadline - now))
 
     async def stop(self) -> None:
+        self._stopping = True  # a look already scheduled takes nothing more
         if self._sock is not None and self._loop is not None:
             self._loop.remove_reader(self._sock.FD)
         for task in list(self._tasks):
@@ -183,7 +185,7 @@ class TensorServer:
     def _readable(self) -> None:
         self._look_scheduled = False
         sock = self._sock
-        if sock is None or sock.closed:
+        if sock is None or sock.closed or self._stopping:
             return
         for _ in range(_TAKE_PER_TURN):
             try:
