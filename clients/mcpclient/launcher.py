@@ -35,6 +35,7 @@ __all__ = ["main"]
 RUN = Path(".run")
 DRAIN_WAIT_S = 15.0  # a worker's graceful stop takes at most its drain_timeout_s (10 s) and a little more
 ROUTER, SCHEDULER, HEALTH = "127.0.0.1:8001", "127.0.0.1:50051", "127.0.0.1:50053"
+ROUTER_REST = "127.0.0.1:8000"
 SERVICES = {  # name -> (module, flags)
     "worker-1": ("mcp_worker", ["--worker-id", "worker-1", "--metrics-port", "9110", "--grpc-port", "50061",
                                 "--zmq-bind", "tcp://127.0.0.1:5561"]),
@@ -159,7 +160,8 @@ def up() -> int:
     _demo_client()
     print()
     print(status_table(SCHEDULER, HEALTH))
-    print(f"\nrouter (mcpapi v1/v2, KServe V2) at {ROUTER}; etcd at {endpoint}; logs in {RUN}/")
+    print(f"\nrouter: gRPC (mcpapi v1/v2, KServe V2) at {ROUTER}, REST (KServe V2) at {ROUTER_REST}")
+    print(f"etcd at {endpoint}; logs in {RUN}/")
     print("`make down` stops it; `.venv/bin/mcpctl status` shows it")
     return 0
 
