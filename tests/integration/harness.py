@@ -17,6 +17,9 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +28,9 @@ import numpy as np
 import safetensors.numpy
 import zmq
 
-from mcpapi.v2 import tensor_pb2, worker_pb2, worker_pb2_grpc
+from mcpapi.kserve import grpc_service_pb2 as kserve_pb
+from mcpapi.kserve import grpc_service_pb2_grpc as kserve_grpc
+from mcpapi.v2 import control_pb2, control_pb2_grpc, model_pb2, tensor_pb2, worker_pb2, worker_pb2_grpc
 from mcpcore import wire
 from mcpcore.etcd_store import EtcdStore
 
@@ -157,6 +162,47 @@ class HealthProcess(ServiceProcess):
         self.health_id = flags.pop("health_id", f"h-{uuid.uuid4().hex[:8]}")
         flags = {"health_id": self.health_id, "grpc_port": 0, "metrics_port": 0, **flags}
         super().__init__(tmp, etcd_endpoint, prefix=prefix, name=self.health_id, **flags)
+
+
+@dataclass
+class SmallMesh:
+    worker: WorkerProcess
+    scheduler: SchedulerProcess
+    router: RouterProcess
+
+
+@contextmanager
+def small_mesh(
+    tmp: Path, etcd_endpoint: str, repo: Path, model: str, versions: list[str], *, repository: bool = False
+) -> Iterator[SmallMesh]:
+    """One worker, a scheduler and a router on a fresh prefix, with ``model``'s ``versions`` loaded and
+    each one routed (KServe ModelReady); stopped in reverse. ``repository``: the router forwards
+    RepositoryModelLoad/Unload to the scheduler."""
+    prefix = f"/t{uuid.uuid4().hex[:8]}/mcp"
+    worker = WorkerProcess(tmp, etcd_endpoint, repo, prefix=prefix).start()
+    scheduler = router = None
+    try:
+        scheduler = SchedulerProcess(tmp, etcd_endpoint, prefix=prefix).start()
+        target = scheduler.endpoints["grpc"] if repository else ""
+        router = RouterProcess(tmp, etcd_endpoint, prefix=prefix, scheduler=target).start()
+        spec = model_pb2.ModelSpec(model=model, versions=versions, replicas=1)
+        control_pb2_grpc.ModelControlStub(scheduler.channel()).LoadModel(
+            control_pb2.LoadModelRequest(spec=spec), timeout=60
+        )
+        stub = kserve_grpc.GRPCInferenceServiceStub(router.channel())
+
+        def routed() -> bool:
+            return all(
+                stub.ModelReady(kserve_pb.ModelReadyRequest(name=model, version=v), timeout=5).ready
+                for v in versions
+            )
+
+        wait_for(routed, what=f"{model} {versions} routed")
+        yield SmallMesh(worker, scheduler, router)
+    finally:
+        for proc in (router, scheduler, worker):
+            if proc is not None:
+                proc.stop()
 
 
 def load_and_run(stub: worker_pb2_grpc.WorkerControlStub, model: str, version: str = "1") -> None:

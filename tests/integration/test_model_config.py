@@ -4,16 +4,15 @@ for (versions compared as integers), and without a version the one a request wit
 from __future__ import annotations
 
 import shutil
-import uuid
 
 import grpc
 import pytest
 import yaml
-from harness import RouterProcess, SchedulerProcess, WorkerProcess, wait_for
+from harness import small_mesh
 
 from mcpapi.kserve import grpc_service_pb2 as kserve
 from mcpapi.kserve import grpc_service_pb2_grpc as kserve_grpc
-from mcpapi.v2 import control_pb2, control_pb2_grpc, inference_pb2, inference_pb2_grpc, model_pb2
+from mcpapi.v2 import inference_pb2, inference_pb2_grpc
 
 
 @pytest.fixture(scope="module")
@@ -29,28 +28,9 @@ def cluster(tmp_path_factory, etcd_endpoint, repo):
         spec["max_batch_size"] = batch
         spec["dynamic_batching"]["preferred_batch_sizes"] = [batch]
         path.write_text(yaml.safe_dump(spec))
-    prefix = f"/t{uuid.uuid4().hex[:8]}/mcp"
-    worker = WorkerProcess(tmp, etcd_endpoint, models, prefix=prefix).start()
-    scheduler = SchedulerProcess(tmp, etcd_endpoint, prefix=prefix).start()
-    router = RouterProcess(tmp, etcd_endpoint, prefix=prefix, scheduler="").start()
-    try:
-        control = control_pb2_grpc.ModelControlStub(scheduler.channel())
-        spec = model_pb2.ModelSpec(model="two", versions=["9", "10"], replicas=1)
-        control.LoadModel(control_pb2.LoadModelRequest(spec=spec), timeout=60)
-        stub = kserve_grpc.GRPCInferenceServiceStub(router.channel())
-
-        def both_ready() -> bool:
-            return all(
-                stub.ModelReady(kserve.ModelReadyRequest(name="two", version=v), timeout=5).ready
-                for v in ("9", "10")
-            )
-
-        wait_for(both_ready, what="both versions routed")
-        yield stub, inference_pb2_grpc.InferenceStub(router.channel())
-    finally:
-        router.stop()
-        scheduler.stop()
-        worker.stop()
+    with small_mesh(tmp, etcd_endpoint, models, "two", ["9", "10"]) as mesh:
+        channel = mesh.router.channel()
+        yield kserve_grpc.GRPCInferenceServiceStub(channel), inference_pb2_grpc.InferenceStub(channel)
 
 
 def test_each_version_has_its_own_config_and_versions_are_integers(cluster):

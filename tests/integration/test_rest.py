@@ -13,12 +13,11 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.http as triton_http
-from harness import RouterProcess, SchedulerProcess, WorkerProcess, mlp_reference, wait_for
+from harness import RouterProcess, mlp_reference, small_mesh, wait_for
 from tritonclient.utils import InferenceServerException
 
 from mcpapi.kserve import grpc_service_pb2 as pb
 from mcpapi.kserve import grpc_service_pb2_grpc as pb_grpc
-from mcpapi.v2 import control_pb2, control_pb2_grpc, model_pb2
 
 X = np.random.default_rng(5).standard_normal((3, 64), dtype=np.float32)
 GRPC: dict[str, str] = {}  # the fixture's router's gRPC address, for the tests that compare both doors
@@ -27,24 +26,12 @@ GRPC: dict[str, str] = {}  # the fixture's router's gRPC address, for the tests 
 @pytest.fixture(scope="module")
 def rest(tmp_path_factory, etcd_endpoint, repo):
     tmp = tmp_path_factory.mktemp("rest")
-    prefix = f"/t{uuid.uuid4().hex[:8]}/mcp"
-    worker = WorkerProcess(tmp, etcd_endpoint, repo, prefix=prefix).start()
-    scheduler = SchedulerProcess(tmp, etcd_endpoint, prefix=prefix).start()
-    router = RouterProcess(tmp, etcd_endpoint, prefix=prefix, scheduler=scheduler.endpoints["grpc"]).start()
-    try:
-        control = control_pb2_grpc.ModelControlStub(scheduler.channel())
-        spec = model_pb2.ModelSpec(model="demo-mlp", versions=["1", "2"], replicas=1)
-        control.LoadModel(control_pb2.LoadModelRequest(spec=spec), timeout=60)
-        url = router.endpoints["rest"]
-        GRPC["router"] = router.endpoints["grpc"]
+    with small_mesh(tmp, etcd_endpoint, repo, "demo-mlp", ["1", "2"], repository=True) as mesh:
+        url = mesh.router.endpoints["rest"]
+        GRPC["router"] = mesh.router.endpoints["grpc"]
         client = triton_http.InferenceServerClient(url, network_timeout=30)
-        wait_for(lambda: client.is_model_ready("demo-mlp"), what="the route")
         yield url, client
         client.close()
-    finally:
-        router.stop()
-        scheduler.stop()
-        worker.stop()
 
 
 def _http(url: str, method: str, path: str, body: bytes | None = None, headers: dict | None = None):

@@ -13,11 +13,10 @@ from multiprocessing import shared_memory
 import grpc
 import numpy as np
 import pytest
-from harness import RouterProcess, SchedulerProcess, WorkerProcess, mlp_reference, wait_for
+from harness import mlp_reference, small_mesh
 
 from mcpapi.kserve import grpc_service_pb2 as pb
 from mcpapi.kserve import grpc_service_pb2_grpc as pb_grpc
-from mcpapi.v2 import control_pb2, control_pb2_grpc, model_pb2
 
 X = np.random.default_rng(9).standard_normal((2, 64), dtype=np.float32)
 OUT_BYTES = 2 * 16 * 4
@@ -25,23 +24,8 @@ OUT_BYTES = 2 * 16 * 4
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, etcd_endpoint, repo):
-    tmp = tmp_path_factory.mktemp("shm")
-    prefix = f"/t{uuid.uuid4().hex[:8]}/mcp"
-    worker = WorkerProcess(tmp, etcd_endpoint, repo, prefix=prefix).start()
-    scheduler = SchedulerProcess(tmp, etcd_endpoint, prefix=prefix).start()
-    router = RouterProcess(tmp, etcd_endpoint, prefix=prefix, scheduler="").start()
-    try:
-        control = control_pb2_grpc.ModelControlStub(scheduler.channel())
-        spec = model_pb2.ModelSpec(model="demo-mlp", versions=["1"], replicas=1)
-        control.LoadModel(control_pb2.LoadModelRequest(spec=spec), timeout=60)
-        stub = pb_grpc.GRPCInferenceServiceStub(router.channel())
-        ready = pb.ModelReadyRequest(name="demo-mlp", version="1")
-        wait_for(lambda: stub.ModelReady(ready, timeout=5).ready, what="the route")
-        yield stub, router.endpoints["rest"]
-    finally:
-        router.stop()
-        scheduler.stop()
-        worker.stop()
+    with small_mesh(tmp_path_factory.mktemp("shm"), etcd_endpoint, repo, "demo-mlp", ["1"]) as mesh:
+        yield pb_grpc.GRPCInferenceServiceStub(mesh.router.channel()), mesh.router.endpoints["rest"]
 
 
 @pytest.fixture
