@@ -1,9 +1,9 @@
 """Build the demo model repository (DESIGN §13): ``python tools/make_models.py --out DIR [--force]``.
 
-Every demo model is the same small MLP: input ``INPUT0`` FP32 ``[-1, 64]``, dense 64→256, ReLU, dense
-256→16, output ``OUTPUT0`` FP32 ``[-1, 16]``; plus a secondary output ``RANK0`` FP32 ``[-1, 8]`` (a ranking
-head on the hidden layer: dense 256→64, ReLU, dense 64→8, softmax) that breaker level 2 drops, saving the
-head's work. Dense weights are stored ``[in, out]`` (``y = x @ W + b``).
+Every demo model but the two builtin ones is the same small MLP: input ``INPUT0`` FP32 ``[-1, 64]``,
+dense 64→256, ReLU, dense 256→16, output ``OUTPUT0`` FP32 ``[-1, 16]``; plus a secondary output ``RANK0``
+FP32 ``[-1, 8]`` (a ranking head on the hidden layer: dense 256→64, ReLU, dense 64→8, softmax) that breaker
+level 2 drops, saving the head's work. Dense weights are stored ``[in, out]`` (``y = x @ W + b``).
 
     demo-mlp/1, demo-mlp/2   layer graph (numpy backend), weights.safetensors; seeds 1 and 2
     demo-onnx/1, demo-onnx/2 the same two MLPs, same weights, as model.onnx (onnx backend)
@@ -12,6 +12,12 @@ head's work. Dense weights are stored ``[in, out]`` (``y = x @ W + b``).
     demo-stateful/1          not idempotent: ``INPUT0`` → ``COUNT`` FP32 ``[-1, 1]``, a counter of the
                              rows its worker ran, after 20 ms (at-most-once tests: a request run twice
                              shows, and a fault finds requests mid-execution)
+    demo-strlen/1            builtin ``strlen``: ``TEXT`` BYTES ``[-1]`` → ``LENGTH`` INT64 ``[-1]``, each
+                             string's length in bytes, and ``ECHO`` BYTES ``[-1]``, the strings back;
+                             batches up to 16
+    demo-stream/1            builtin ``chunks``, decoupled: ``N`` INT32 ``[1]`` → N answers, answer i
+                             holding ``INDEX`` INT32 ``[1]`` = i and ``TEXT`` BYTES ``[1]`` = "chunk i";
+                             request parameter ``delay_ms`` paces them
     keyring.json             the demo key, id ``demo-key``, mode 0600
 
 The demo key is derived from a fixed public string, so it is NOT a secret: it exists so that the encrypted
@@ -49,7 +55,9 @@ RANK_HIDDEN, RANK_DIM = 64, 8
 SEEDS = {"1": 1, "2": 2}
 DEMO_KEY_ID = "demo-key"
 KEYRING = "keyring.json"
-DEMO_MODELS = ("demo-mlp", "demo-onnx", "demo-mlp-enc", "demo-slow", "demo-stateful")
+DEMO_MODELS = (
+    "demo-mlp", "demo-onnx", "demo-mlp-enc", "demo-slow", "demo-stateful", "demo-strlen", "demo-stream",
+)  # fmt: skip
 #: Files that differ run to run (a random nonce); everything else is deterministic.
 ENCRYPTED_FILES = ("demo-mlp-enc/1/weights.safetensors.enc",)
 ONNX_OPSET = 17
@@ -210,6 +218,33 @@ def _files() -> dict[str, bytes]:
     # 20 ms per batch: a fault (kill -9, SIGSTOP) finds requests mid-execution, as it would a real model
     stateful["layers"] = [{"op": "sleep", "ms": 20.0}, {"op": "count"}]
     files["demo-stateful/1/model.yaml"] = _yaml(stateful)
+    files["demo-strlen/1/model.yaml"] = _yaml(
+        {
+            "backend": "builtin",
+            "function": "strlen",
+            "max_batch_size": 16,
+            "inputs": [{"name": "TEXT", "dtype": "BYTES", "shape": [-1]}],
+            "outputs": [
+                {"name": "LENGTH", "dtype": "INT64", "shape": [-1]},
+                {"name": "ECHO", "dtype": "BYTES", "shape": [-1]},
+            ],
+            "dynamic_batching": {"max_queue_delay_us": 100},
+            "memory_bytes": 64 << 10,
+        }
+    )
+    files["demo-stream/1/model.yaml"] = _yaml(
+        {
+            "backend": "builtin",
+            "function": "chunks",
+            "decoupled": True,
+            "inputs": [{"name": "N", "dtype": "INT32", "shape": [1]}],
+            "outputs": [
+                {"name": "INDEX", "dtype": "INT32", "shape": [1]},
+                {"name": "TEXT", "dtype": "BYTES", "shape": [1]},
+            ],
+            "memory_bytes": 64 << 10,
+        }
+    )
     return files
 
 

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.usefixtures("built_library")
 MiB = 1 << 20
 
 
-async def echo(msg: wire.Message) -> tuple[str, dict[str, np.ndarray]]:
+async def echo(msg: wire.Message, partial) -> tuple[str, dict[str, np.ndarray]]:
     return "1", {name: arr.copy() for name, arr in msg.named().items()}
 
 

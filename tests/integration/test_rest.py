@@ -110,7 +110,7 @@ def test_repository_index_load_and_unload(rest):
         ("/v2/models/demo-mlp/infer", {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 64],
                                                    "data": [0.0] * 3}]}, 400, "3 values for shape [1, 64]"),
         ("/v2/models/demo-mlp/infer", {"inputs": [{"name": "INPUT0", "datatype": "BYTES", "shape": [1],
-                                                   "data": ["x"]}]}, 400, "BYTES tensors are not supported"),
+                                                   "data": ["x"]}]}, 400, "expected dtype FP32, got BYTES"),
         ("/v2/models/demo-mlp/infer", {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 64],
                                                    "data": [0.0] * 64}],
                                        "outputs": [{"name": "NOPE"}]}, 400, "has no output(s) ['NOPE']"),

@@ -208,7 +208,7 @@ class _Fake(Backend):
         self.fail, self.calls, self.released = fail, [], False
         self.memory_bytes = 1
 
-    def _run(self, inputs: Mapping[str, np.ndarray], *, skip: frozenset[str]) -> dict[str, np.ndarray]:
+    def _run(self, inputs: Mapping[str, np.ndarray], *, skip, parameters) -> dict[str, np.ndarray]:
         self.calls.append({k: v.shape for k, v in inputs.items()})
         if self.fail is not None:
             raise self.fail

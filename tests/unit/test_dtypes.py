@@ -6,10 +6,9 @@ from mcpcore import dtypes
 from mcpcore.errors import InvalidArgument
 
 
-@pytest.mark.parametrize("name", sorted(dtypes.NAMES - {"BF16"}))
+@pytest.mark.parametrize("name", sorted(dtypes.NAMES))
 def test_names_numpy_and_wire_agree(name):
     dt = dtypes.numpy_dtype(name)
-    assert dt.itemsize == dtypes.ITEMSIZE[name]
     assert dtypes.from_numpy(dt) == name
     assert tensor_pb2.DataType.Name(dtypes.wire_value(name)) == f"TYPE_{name}"
     assert dtypes.name_of(dtypes.wire_value(name)) == name
@@ -21,10 +20,48 @@ def test_every_wire_type_has_a_name():
             assert dtypes.name_of(value) in dtypes.NAMES
 
 
-def test_bf16_has_no_numpy_dtype():
-    assert dtypes.ITEMSIZE["BF16"] == 2
-    with pytest.raises(InvalidArgument, match="BF16 has no numpy equivalent"):
-        dtypes.numpy_dtype("BF16")
+def test_bf16_is_the_upper_half_of_fp32():
+    x = np.array([1.0, -2.5, 3.140625], np.float32)
+    b = x.astype(dtypes.numpy_dtype("BF16"))
+    raw = bytes(dtypes.to_bytes(b))
+    assert raw == (x.view(np.uint32) >> 16).astype("<u2").tobytes()
+    back = dtypes.from_bytes("BF16", raw, (3,), "t")
+    assert back.dtype == b.dtype and np.array_equal(back.astype(np.float32), x)
+
+
+def test_bytes_are_length_prefixed_both_ways():
+    x = np.array([[b"ab", b""], ["h\u00e9", b"\x00\xff"]], dtype=object)
+    raw = bytes(dtypes.to_bytes(x))
+    lengths = [b"\x02\x00\x00\x00", b"\x00" * 4, b"\x03\x00\x00\x00", b"\x02\x00\x00\x00"]
+    assert raw == lengths[0] + b"ab" + lengths[1] + lengths[2] + b"h\xc3\xa9" + lengths[3] + b"\x00\xff"
+    back = dtypes.from_bytes("BYTES", raw, (2, 2), "t")
+    assert back.shape == (2, 2) and back.tolist() == [[b"ab", b""], [b"h\xc3\xa9", b"\x00\xff"]]
+    assert dtypes.from_numpy(np.array([b"abc"]).dtype) == "BYTES"  # numpy's fixed-width bytes too
+    assert bytes(dtypes.to_bytes(np.array([b"abc"]))) == b"\x03\x00\x00\x00abc"
+
+
+@pytest.mark.parametrize(
+    ("raw", "shape", "words"),
+    [
+        (b"\x02\x00\x00\x00ab", (2,), "ends after 1 of 2 elements"),
+        (b"\x05\x00\x00\x00ab", (1,), "says 5 bytes but only 2 remain"),
+        (b"\x01\x00\x00\x00ab", (1,), "1 bytes left over"),
+        (b"\x01\x00", (1,), "ends after 0 of 1"),
+    ],
+)
+def test_malformed_bytes_are_refused_naming_the_fault(raw, shape, words):
+    with pytest.raises(InvalidArgument, match=words):
+        dtypes.from_bytes("BYTES", raw, shape, "input TEXT")
+
+
+def test_a_bytes_element_of_another_type_is_refused():
+    with pytest.raises(InvalidArgument, match="is int, not bytes or str"):
+        dtypes.to_bytes(np.array([1, b"x"], dtype=object))
+
+
+def test_numeric_bytes_must_fill_the_shape():
+    with pytest.raises(InvalidArgument, match="7 bytes, but shape \\[2\\] of FP32 needs 8"):
+        dtypes.from_bytes("FP32", b"\x00" * 7, (2,), "input X")
 
 
 @pytest.mark.parametrize("bad", [np.complex64, np.dtype(">f4"), np.dtype("U4")])

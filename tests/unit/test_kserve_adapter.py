@@ -17,6 +17,7 @@ from mcp_router.dataplane import (
     ModelIndexEntry,
     ModelMetadata,
     ModelStats,
+    SequenceFlags,
     TensorMeta,
 )
 from mcp_router.kserve import EXTENSIONS, KServeServicer
@@ -25,7 +26,7 @@ from mcpapi.kserve import model_config_pb2 as mc
 from mcpcore import dtypes
 from mcpcore.errors import Internal, InvalidArgument, NotFound
 
-NUMERIC = sorted(n for n in dtypes.NAMES if n != "BF16")
+NUMERIC = sorted(n for n in dtypes.NAMES if n != "BYTES")
 TYPED_FIELD = {
     "BOOL": "bool_contents",
     "INT8": "int_contents",
@@ -131,13 +132,13 @@ def raw_request(*arrays: tuple[str, np.ndarray], **kwargs) -> pb.ModelInferReque
     req = pb.ModelInferRequest(model_name="demo-mlp", **kwargs)
     for name, arr in arrays:
         req.inputs.add(name=name, datatype=dtypes.from_numpy(arr.dtype), shape=arr.shape)
-        req.raw_input_contents.append(arr.tobytes())
+        req.raw_input_contents.append(bytes(dtypes.to_bytes(arr)))
     return req
 
 
 def decode(resp: pb.ModelInferResponse) -> dict[str, np.ndarray]:
     return {
-        out.name: np.frombuffer(raw, dtypes.numpy_dtype(out.datatype)).reshape(tuple(out.shape))
+        out.name: dtypes.from_bytes(out.datatype, raw, tuple(out.shape), out.name)
         for out, raw in zip(resp.outputs, resp.raw_output_contents, strict=True)
     }
 
@@ -275,6 +276,19 @@ async def test_raw_round_trip_every_dtype(svc, dp, datatype):
     np.testing.assert_array_equal(decode(resp)["OUTPUT0"], x)
 
 
+async def test_bytes_travel_length_prefixed_raw_or_as_bytes_contents(svc, dp):
+    text = np.array([[b"hello", b""], [b"\xff\x00", "caf\u00e9".encode()]], dtype=object)
+    resp = await svc.ModelInfer(raw_request(("INPUT0", text)), None)
+    got = dp.calls[0][1][3]["INPUT0"]
+    assert got.dtype == object and got.tolist() == text.tolist()
+    assert resp.outputs[0].datatype == "BYTES" and decode(resp)["OUTPUT0"].tolist() == text.tolist()
+    assert resp.raw_output_contents[0] == b"\x05\0\0\0hello\0\0\0\0\x02\0\0\0\xff\x00\x05\0\0\0caf\xc3\xa9"
+    req = pb.ModelInferRequest(model_name="demo-mlp")
+    req.inputs.add(name="INPUT0", datatype="BYTES", shape=[2]).contents.bytes_contents.extend([b"a", b"bc"])
+    await svc.ModelInfer(req, None)
+    assert dp.calls[1][1][3]["INPUT0"].tolist() == [b"a", b"bc"]
+
+
 @pytest.mark.parametrize("datatype", sorted(TYPED_FIELD))
 async def test_typed_contents_every_dtype(svc, dp, datatype):
     x = sample(datatype)
@@ -365,8 +379,15 @@ def shared_memory_input() -> pb.ModelInferRequest:
             lambda: with_contents("INT8", [2], int_contents=[1, 300]),
             "input INPUT0: a value in contents.int_contents is out of range for INT8",
         ),
-        (lambda: with_raw("BYTES", [1], b"\1\0\0\0x"), "input INPUT0: BYTES tensors are not supported"),
-        (lambda: with_raw("BF16", [1], b"\0\0"), "input INPUT0: data type BF16 has no numpy equivalent"),
+        (
+            lambda: with_raw("BYTES", [1], b"\5\0\0\0x"),
+            "input INPUT0: BYTES element 0 says 5 bytes but only 1",
+        ),
+        (lambda: with_raw("BYTES", [2], b"\1\0\0\0x"), "input INPUT0: BYTES data ends after 1 of 2 elements"),
+        (
+            lambda: with_raw("BF16", [2], b"\0\0"),
+            "input INPUT0: raw content is 2 bytes but shape [2] of BF16",
+        ),
         (lambda: with_raw("FP8", [1], b"\0"), "input INPUT0: unknown data type 'FP8'"),
         (lambda: with_raw("FP32", [-1, 2], b""), "input INPUT0: shape [-1, 2] has a negative dimension"),
         (duplicate_inputs, "input INPUT0 appears twice"),
@@ -442,14 +463,15 @@ async def test_parameters_map_to_dataplane_arguments(svc, dp):
     req.parameters["priority"].uint64_param = 3  # tritonclient's choice
     req.parameters["timeout"].int64_param = 2_500_000  # microseconds
     req.parameters["tenant"].string_param = "blue"
-    req.parameters["sequence_start"].bool_param = True
+    req.parameters["verbose"].bool_param = True
     req.parameters["ratio"].double_param = 0.5
     resp = await svc.ModelInfer(req, None)
     _, (model, version, request_id, _), kwargs = dp.calls[0]
     assert (model, version, request_id) == ("demo-mlp", "2", "req-7")
     assert kwargs["routing_key"] == "user-42" and kwargs["priority"] == 3
     assert kwargs["timeout_s"] == pytest.approx(2.5)
-    assert kwargs["parameters"] == {"tenant": "blue", "sequence_start": "true", "ratio": "0.5"}
+    assert kwargs["parameters"] == {"tenant": "blue", "verbose": "true", "ratio": "0.5"}
+    assert kwargs["sequence"] is None
     assert (resp.model_name, resp.model_version, resp.id) == ("demo-mlp", "2", "req-7")
 
 
@@ -460,7 +482,10 @@ async def test_defaults_and_the_clients_id_only_echoed(svc, dp):
     req = raw_request(ZEROS)
     req.id = "0"  # many clients count from 0: the id is echoed, never used to match replies
     assert (await svc.ModelInfer(req, None)).id == "0"
-    assert kwargs == {"routing_key": "", "priority": 0, "timeout_s": None, "outputs": (), "parameters": {}}
+    assert kwargs == {
+        "routing_key": "", "priority": 0, "timeout_s": None, "outputs": (), "parameters": {},
+        "sequence": None, "on_partial": None,
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(("kind", "value"), [("int64_param", 17), ("string_param", "session-9")])
@@ -468,8 +493,35 @@ async def test_sequence_id_keys_the_route(svc, dp, kind, value):
     req = raw_request(ZEROS)
     setattr(req.parameters["sequence_id"], kind, value)
     req.parameters["priority"].int64_param = 1
+    req.parameters["sequence_start"].bool_param = True
     await svc.ModelInfer(req, None)
     assert dp.calls[0][2]["routing_key"] == str(value) and dp.calls[0][2]["priority"] == 1
+    assert dp.calls[0][2]["sequence"] == SequenceFlags(str(value), start=True, end=False)
+    # the backend sees the sequence's parameters too (Triton's sequence batcher gives them to the model)
+    assert dp.calls[0][2]["parameters"] == {"sequence_id": str(value), "sequence_start": "true"}
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"sequence_start": ("bool_param", True)}, "sequence_start and sequence_end need a sequence_id"),
+        ({"sequence_id": ("int64_param", 0), "sequence_end": ("bool_param", True)}, "need a sequence_id"),
+        ({"sequence_id": ("double_param", 1.5)}, "sequence_id must be an integer or a string"),
+        (
+            {"sequence_id": ("int64_param", 3), "sequence_end": ("int64_param", 1)},
+            "sequence_end must be a bool",
+        ),
+        ({"sequence_id": ("string_param", "x" * 257)}, "longer than 256 characters"),
+    ],
+    ids=["start-without-id", "end-with-id-0", "float-id", "int-end", "long-id"],
+)
+async def test_bad_sequence_parameters_are_refused(svc, dp, params, message):
+    req = raw_request(ZEROS)
+    for key, (kind, value) in params.items():
+        setattr(req.parameters[key], kind, value)
+    with pytest.raises(InvalidArgument, match=message):
+        await svc.ModelInfer(req, None)
+    assert dp.calls == []
 
 
 @pytest.mark.parametrize(

@@ -78,7 +78,6 @@ def test_demo_mlp_parses() -> None:
         None,
         None,
     )
-    assert cfg.inputs[0].itemsize == 4
 
 
 def test_docstring_example_is_the_demo_mlp() -> None:
@@ -191,7 +190,7 @@ INVALID = [
     ("inputs", {"a": 1}, "inputs: expected a list, got dict"),
     ("inputs[0].dtype", "FP8", "inputs[0].dtype: unknown dtype 'FP8'"),
     ("inputs[0].dtype", ["FP32"], "inputs[0].dtype: unknown dtype"),
-    ("inputs[0].dtype", "INT32", "inputs[0].dtype: a layer graph computes in FP16/FP32/FP64, got INT32"),
+    ("inputs[0].dtype", "INT32", "inputs[0].dtype: a layer graph computes in FP16/BF16/FP32/FP64, got INT32"),
     ("inputs[0].name", "has space", "inputs[0].name: not a valid tensor name"),
     ("inputs[0].name", "x" * 257, "inputs[0].name: not a valid tensor name"),
     ("inputs[0].name", "", "inputs[0].name: not a valid tensor name"),

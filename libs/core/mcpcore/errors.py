@@ -23,6 +23,7 @@ __all__ = [
     "HTTP_STATUS",
     "NOT_STARTED_METADATA",
     "SERVER_SIDE_CLASSES",
+    "Aborted",
     "AlreadyExists",
     "DataLoss",
     "DeadlineExceeded",
@@ -99,6 +100,13 @@ class Unavailable(MCPError):
     retryable = True
 
 
+class Aborted(MCPError):
+    """The work cannot go on where it was (a sequence's worker is gone with its state): start it again
+    (gRPC's "retry at a higher level")."""
+
+    code = grpc.StatusCode.ABORTED
+
+
 class DataLoss(MCPError):
     code = grpc.StatusCode.DATA_LOSS
 
@@ -118,6 +126,7 @@ CODE_TO_ERROR: dict[grpc.StatusCode, type[MCPError]] = {
         ResourceExhausted,
         DeadlineExceeded,
         Unavailable,
+        Aborted,
         DataLoss,
         Internal,
     )
@@ -134,6 +143,7 @@ _CLASS_OF_CODE = {
     grpc.StatusCode.DEADLINE_EXCEEDED: "timeout",
     grpc.StatusCode.RESOURCE_EXHAUSTED: "resource",
     grpc.StatusCode.UNAVAILABLE: "unavailable",
+    grpc.StatusCode.ABORTED: "unavailable",
     grpc.StatusCode.INVALID_ARGUMENT: "client",
     grpc.StatusCode.NOT_FOUND: "client",
     grpc.StatusCode.ALREADY_EXISTS: "client",

@@ -35,6 +35,10 @@ Invariants:
   that may have run may be sent again after its worker vanished; ``max_ongoing_requests`` bounds the
   requests a router keeps in flight to one replica; ``dynamic_batching.max_queue_size`` defaults to
   ``DEFAULT_MAX_QUEUE_SIZE`` (0 leaves only the worker's own bounds).
+- ``backend: builtin`` runs one of the worker's own ``BUILTIN_FUNCTIONS`` (``function:``; no weights, no
+  code from the repository). ``decoupled: true`` (Triton's decoupled transaction policy) lets a model
+  answer a request with any number of replies; such a model runs each request on its own (no
+  ``dynamic_batching``).
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from mcpcore.signature import tensor_name_problem
 
 __all__ = [
     "BACKENDS",
+    "BUILTIN_FUNCTIONS",
     "DEFAULT_MAX_ONGOING_REQUESTS",
     "DEFAULT_MAX_QUEUE_SIZE",
     "LAYER_OPS",
@@ -70,7 +75,9 @@ __all__ = [
     "parse_model_yaml",
 ]
 
-BACKENDS = ("numpy", "onnx", "cuda")
+BACKENDS = ("numpy", "onnx", "cuda", "builtin")
+#: The builtin backend's functions (``function:``): fixed code in the worker, never code from a repository.
+BUILTIN_FUNCTIONS = ("strlen", "chunks")
 LAYER_GRAPH_BACKENDS = ("numpy", "cuda")
 LAYER_OPS = ("dense", "relu", "gelu", "softmax", "layernorm", "sleep", "count")
 #: Ops whose result depends on what ran before (a model holding one is not idempotent by default).
@@ -78,7 +85,7 @@ STATEFUL_OPS = frozenset({"count"})
 DEFAULT_MAX_QUEUE_SIZE = 1024
 DEFAULT_MAX_ONGOING_REQUESTS = 256
 DTYPES = tuple(sorted(dtypes.NAMES))
-_LAYER_GRAPH_DTYPES = ("FP16", "FP32", "FP64")
+_LAYER_GRAPH_DTYPES = ("FP16", "BF16", "FP32", "FP64")
 _MAX_FILE_BYTES = 1 << 20
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -88,10 +95,6 @@ class TensorSpec:
     name: str
     dtype: str  # one of DTYPES
     shape: tuple[int, ...]  # -1 = variable; the first dim is the batch dim when max_batch_size > 0
-
-    @property
-    def itemsize(self) -> int:
-        return dtypes.ITEMSIZE[self.dtype]
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,8 @@ class ModelConfig:
     instance_count: int = 1
     idempotent: bool = True
     max_ongoing_requests: int = DEFAULT_MAX_ONGOING_REQUESTS
+    function: str | None = None  # backend builtin: which of BUILTIN_FUNCTIONS
+    decoupled: bool = False  # answers a request with any number of replies (Triton's decoupled mode)
 
     @property
     def primary_outputs(self) -> tuple[str, ...]:
@@ -473,6 +478,10 @@ def model_config_from_dict(data: Any, *, model: str, version: str) -> ModelConfi
     batching = data.get("dynamic_batching")
     qos = _qos(ctx, data["qos"]) if data.get("qos") is not None else QoS()
     _check_secondary(ctx, qos, outputs)
+    function = _function(ctx, data, backend)
+    decoupled = ctx.bool_("decoupled", data.get("decoupled", False))
+    if decoupled and "dynamic_batching" in data:
+        ctx.fail("decoupled", "a decoupled model runs each request on its own: drop dynamic_batching")
     stateful = any(layer.op in STATEFUL_OPS for layer in layers)
     idempotent = ctx.bool_("idempotent", data.get("idempotent", not stateful))
     if idempotent and stateful:
@@ -498,7 +507,22 @@ def model_config_from_dict(data: Any, *, model: str, version: str) -> ModelConfi
         max_ongoing_requests=ctx.int_(
             "max_ongoing_requests", data.get("max_ongoing_requests", DEFAULT_MAX_ONGOING_REQUESTS), lo=1
         ),
+        function=function,
+        decoupled=decoupled,
     )
+
+
+def _function(ctx: _Ctx, data: Mapping[str, Any], backend: str) -> str | None:
+    value = data.get("function")
+    if backend != "builtin":
+        if value is not None:
+            ctx.fail("function", f"only for backend builtin, not {backend}")
+        return None
+    if value not in BUILTIN_FUNCTIONS:
+        ctx.fail(
+            "function", f"backend builtin needs one of {', '.join(BUILTIN_FUNCTIONS)}, got {_show(value)}"
+        )
+    return str(value)
 
 
 def layer_reads(layers: tuple[Layer, ...] | list[Layer], input_name: str) -> tuple[int, ...]:

@@ -1,11 +1,13 @@
 """The ZeroMQ tensor message format: ``[TensorHeader, tensor_0, tensor_1, ...]`` (DESIGN.md section 3).
 
 Invariants:
-- Tensor frames are raw, native-endian, row-major bytes. ``encode`` hands out the arrays' own buffers (send
-  them with ``copy=False``) and ``decode`` returns read-only ``np.frombuffer`` views of the received frames:
-  no copy either way. A non-contiguous array is the one case ``encode`` copies (it must).
+- Tensor frames are ``dtypes.to_bytes``: raw little-endian row-major bytes, or BYTES' length-prefixed
+  elements. ``encode`` hands out the arrays' own buffers (send them with ``copy=False``) and ``decode``
+  returns read-only ``np.frombuffer`` views of the received frames: no copy either way. A non-contiguous
+  array is the one numeric case ``encode`` copies (it must); BYTES tensors are always (de)serialized.
 - ``decode`` trusts nothing: the header must parse, the frame count must equal the header's tensor count,
-  and each frame's length must equal its ``byte_size`` and ``prod(shape) * itemsize``. A violation raises
+  and each frame's length must equal its ``byte_size`` and ``prod(shape) * itemsize`` (BYTES: hold exactly
+  ``prod(shape)`` elements). A violation raises
   ``InvalidArgument`` (or ``ResourceExhausted`` past a size limit) naming the tensor, so a server answers it
   with ``error_reply`` and never crashes.
 - This module does no I/O and imports no zmq: frames are anything with the buffer protocol, or objects with
@@ -29,11 +31,14 @@ from mcpcore.signature import tensor_name_problem
 
 __all__ = [
     "FLAG_DRAINING",
+    "FLAG_PARTIAL",
     "FLAG_RETRYABLE",
     "FLAG_SECONDARY_FEATURES_OFF",
     "PARAM_FEATURES_OFF",
+    "RESERVED_PREFIX",
     "Limits",
     "Message",
+    "client_parameters",
     "decode",
     "encode",
     "error_reply",
@@ -46,9 +51,13 @@ TensorHeader = tensor_pb2.TensorHeader
 FLAG_SECONDARY_FEATURES_OFF = tensor_pb2.FLAG_SECONDARY_FEATURES_OFF
 FLAG_RETRYABLE = tensor_pb2.FLAG_RETRYABLE
 FLAG_DRAINING = tensor_pb2.FLAG_DRAINING
+FLAG_PARTIAL = tensor_pb2.FLAG_PARTIAL
+#: Header parameters under this prefix are the mesh's own; every other one is a client's request
+#: parameter, which the worker hands to the backend (``client_parameters``).
+RESERVED_PREFIX = "mcp."
 #: Header parameter a router adds with ``FLAG_SECONDARY_FEATURES_OFF``: the breaker policy's level-2
 #: ``features``, comma-separated (absent: every secondary output of the model goes).
-PARAM_FEATURES_OFF = "mcp.features_off"
+PARAM_FEATURES_OFF = RESERVED_PREFIX + "features_off"
 MiB = 1 << 20
 
 
@@ -87,14 +96,13 @@ def encode(
     frames: list[Any] = [b""]
     for name, array in items:
         arr = np.asarray(array)
-        if not arr.flags.c_contiguous:
-            arr = np.ascontiguousarray(arr)  # the one copy: the wire carries row-major bytes
         spec = header.tensors.add()
         spec.name = name
         spec.dtype = dtypes.wire_value(dtypes.from_numpy(arr.dtype))
         spec.shape.extend(arr.shape)
-        spec.byte_size = arr.nbytes
-        frames.append(arr.data if arr.ndim else arr.reshape(1).data)
+        data = dtypes.to_bytes(arr)  # the array's own buffer (copied only if not contiguous), or BYTES'
+        spec.byte_size = memoryview(data).nbytes
+        frames.append(data)
     frames[0] = header.SerializeToString()
     return frames
 
@@ -160,18 +168,27 @@ def _view(spec: tensor_pb2.TensorSpec, buf: memoryview, limits: Limits) -> np.nd
             f"{where} is {buf.nbytes} bytes, over the {limits.max_tensor_bytes}-byte frame limit; "
             "split the batch"
         )
-    dtype = dtypes.numpy_dtype(dtypes.name_of(spec.dtype))
-    if any(d < 0 for d in spec.shape):
-        raise InvalidArgument(f"{where}: shape {list(spec.shape)} has a negative dimension")
-    expected = math.prod(spec.shape) * dtype.itemsize
-    if spec.byte_size != expected:
-        raise InvalidArgument(
-            f"{where}: byte_size {spec.byte_size} does not match shape {list(spec.shape)} of "
-            f"{dtypes.name_of(spec.dtype)} ({expected} bytes)"
-        )
+    name = dtypes.name_of(spec.dtype)
+    shape = tuple(spec.shape)
+    if any(d < 0 for d in shape):
+        raise InvalidArgument(f"{where}: shape {list(shape)} has a negative dimension")
+    if name == dtypes.BYTES:  # elements of any length: the frame must hold exactly prod(shape) of them
+        expected = spec.byte_size
+    else:
+        expected = math.prod(shape) * dtypes.numpy_dtype(name).itemsize
+        if spec.byte_size != expected:
+            raise InvalidArgument(
+                f"{where}: byte_size {spec.byte_size} does not match shape {list(shape)} of {name} "
+                f"({expected} bytes)"
+            )
     if buf.nbytes != expected:
         raise InvalidArgument(f"{where}: frame has {buf.nbytes} bytes but its header says {expected}")
-    return np.frombuffer(buf, dtype=dtype).reshape(tuple(spec.shape))
+    return dtypes.from_bytes(name, buf, shape, where)
+
+
+def client_parameters(header: tensor_pb2.TensorHeader) -> dict[str, str]:
+    """The request parameters a client sent (the header's, less the mesh's own)."""
+    return {k: v for k, v in header.parameters.items() if not k.startswith(RESERVED_PREFIX)}
 
 
 def error_reply(

@@ -7,7 +7,7 @@ implements this interface over the etcd-fed snapshot and the ZeroMQ forwarder.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,6 +23,7 @@ __all__ = [
     "ModelMetadata",
     "ModelStats",
     "RouteDecision",
+    "SequenceFlags",
     "TensorMeta",
 ]
 
@@ -69,6 +70,7 @@ class ModelConfigInfo:
     instance_count: int
     device: str  # "cpu" or "gpu"
     versions: tuple[str, ...]  # the versions serving now (the version policy)
+    decoupled: bool = False  # answers a request with any number of responses (streams only)
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,15 @@ class InferResult:
     outputs: dict[str, np.ndarray]
 
 
+@dataclass(frozen=True, slots=True)
+class SequenceFlags:
+    """A request's place in a sequence (Triton's sequence_id, sequence_start, sequence_end)."""
+
+    id: str
+    start: bool = False
+    end: bool = False
+
+
 @dataclass(frozen=True)
 class ModelIndexEntry:
     name: str
@@ -173,10 +184,15 @@ class DataPlane(abc.ABC):
         timeout_s: float | None = None,
         outputs: tuple[str, ...] = (),
         parameters: Mapping[str, str] = field(default_factory=dict),  # type: ignore[assignment]
+        sequence: SequenceFlags | None = None,
+        on_partial: Callable[[InferResult], None] | None = None,
     ) -> InferResult:
         """Route and run one request; errors are MCPErrors (``NotFound``, ``InvalidArgument``, ...).
         ``outputs`` (empty: all) are checked here: an unknown name is ``InvalidArgument``, and the result
-        holds the named ones that were computed (breaker level 2 may leave a secondary one out)."""
+        holds the named ones that were computed (breaker level 2 may leave a secondary one out).
+        ``parameters`` reach the worker's backend. A ``sequence``'s requests all go to the worker its
+        start went to, or fail ``Aborted`` once that worker is gone. A decoupled model needs
+        ``on_partial``: it gets each answer before the last, which is the result (often empty)."""
 
     @abc.abstractmethod
     def index(self) -> list[ModelIndexEntry]: ...

@@ -19,6 +19,8 @@ Invariants:
 - A reply whose header parses but whose frames do not match it fails that request at once (INTERNAL,
   naming the worker); one whose header does not parse cannot be matched and is counted.
 - Tensors go out and come back without copies (``copy=False``, ``np.frombuffer`` views of reply frames).
+- A decoupled model's replies before its last (``FLAG_PARTIAL``) go to the request's ``on_partial`` in
+  order; the request stays in flight until its last reply, and one that does not decode fails it.
 - No future per message: each link's socket is a plain one that the event loop watches by its file
   descriptor. A readable callback takes up to ``_TAKE_PER_TURN`` replies with non-blocking calls, then
   lets the loop run the rest; since a send can consume the edge a reply raised (ZeroMQ's descriptor is
@@ -72,6 +74,7 @@ class _Pending:
     ring: tuple[str, str]  # (model, version)
     nbytes: int
     since: float
+    on_partial: Callable[[wire.Message], None] | None = None
 
 
 class RingLoad:
@@ -247,10 +250,12 @@ class Forwarder:
         *,
         timeout_s: float,
         nbytes: int = 0,
+        on_partial: Callable[[wire.Message], None] | None = None,
     ) -> wire.Message:
         """Send one request (``header.request_id`` from ``new_id()``) and wait for its reply, whatever its
-        status. Raises ``NotSent``, ``MayHaveStarted``, ``DeadlineExceeded`` or ``Internal`` (a reply that
-        does not decode)."""
+        status; a decoupled model's replies before the last go to ``on_partial`` as they come. Raises
+        ``NotSent``, ``MayHaveStarted``, ``DeadlineExceeded`` or ``Internal`` (a reply that does not
+        decode)."""
         link = self._links.get(worker_id)
         if link is None or link.down:
             raise NotSent(f"worker {worker_id} is not connected")
@@ -277,7 +282,7 @@ class Forwarder:
         finally:
             self._look_again(link)  # the send may have taken the edge a reply raised
         future: asyncio.Future[wire.Message] = asyncio.get_running_loop().create_future()
-        entry = _Pending(future, (header.model, header.version), nbytes, time.monotonic())
+        entry = _Pending(future, (header.model, header.version), nbytes, time.monotonic(), on_partial)
         link.pending[rid] = entry
         ring = self._rings[entry.ring]
         ring.per_worker[worker_id] = ring.per_worker.get(worker_id, 0) + 1
@@ -300,6 +305,7 @@ class Forwarder:
     def _abandon(entry: _Pending) -> None:
         """Given up by the router: counted until the worker answers (or its link fails)."""
         entry.future = None
+        entry.on_partial = None
         entry.since = time.monotonic()
 
     def mark_draining(self, worker_id: str) -> None:
@@ -360,7 +366,11 @@ class Forwarder:
             log.warning("worker %s sent a reply that does not parse (%s); it matches no request",
                         worker_id, exc.message)  # fmt: skip
             return
-        entry = self._finish(worker_id, link, header.request_id)
+        partial = bool(header.flags & wire.FLAG_PARTIAL)
+        if partial:  # more replies follow: it stays in flight
+            entry = link.pending.get(header.request_id)
+        else:
+            entry = self._finish(worker_id, link, header.request_id)
         if entry is None or entry.future is None or entry.future.done():
             self._on_late()  # the router gave up on it (or never sent it): dropped by id
             return
@@ -373,7 +383,14 @@ class Forwarder:
                 Internal(f"worker {worker_id} sent a reply that does not decode: {why}")
             )
             return
-        entry.future.set_result(msg)
+        if not partial:
+            entry.future.set_result(msg)
+        elif entry.on_partial is not None:
+            entry.on_partial(msg)
+        else:  # a partial reply to a request that expects one answer: the worker's fault, said at once
+            entry.future.set_exception(
+                Internal(f"worker {worker_id} answered a request more than once (model {header.model})")
+            )
 
     async def _watch(self, link: _Link) -> None:
         worker_id = link.endpoint.id

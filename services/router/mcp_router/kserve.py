@@ -7,28 +7,40 @@ Invariants:
 - Protobuf stops here: the DataPlane sees names, numpy arrays and plain values only.
 - Errors are raised as ``MCPError``s (``InvalidArgument`` naming the tensor or parameter); the shared
   error mapping (``GuardedServer``) turns them into statuses, so nothing here calls ``context.abort``.
-- Raw input bytes become arrays with ``np.frombuffer`` (no copy; the arrays are read-only). Raw bytes are
-  little-endian on the wire, read and written as such. Typed ``contents`` (the slow path) are copied.
-- Only numeric tensors are served: BYTES is refused with ``InvalidArgument``, as are classification
-  outputs. Inputs and outputs may live in system shared memory regions registered with this router
-  (``mcp_router.shm``); CUDA shared memory answers UNAVAILABLE (no CUDA here).
+- Raw input bytes become arrays with ``dtypes.from_bytes`` (numeric: a read-only view, no copy; BYTES:
+  Triton's length-prefixed elements, in ``raw_input_contents`` or ``contents.bytes_contents``). Raw bytes
+  are little-endian on the wire, read and written as such. Typed ``contents`` (the slow path) are copied.
+  Classification outputs are refused. Inputs and outputs may live in system shared memory regions
+  registered with this router (``mcp_router.shm``); CUDA shared memory answers UNAVAILABLE (no CUDA here).
 - Request parameters, Triton's convention: "priority" (int64 or uint64), "timeout" (int64, microseconds,
-  0 = none), "routing_key" (string; else "sequence_id" keys the route). Every other parameter is passed to
-  the DataPlane as a string. The gRPC deadline, when shorter than "timeout", bounds the request.
+  0 = none), "routing_key" (string; else "sequence_id" keys the route), "sequence_id" (int or string; 0
+  or "" = none) with "sequence_start"/"sequence_end" (bools). Every parameter but routing_key, priority,
+  timeout and triton_enable_empty_final_response goes on to the worker's backend as a string. The gRPC
+  deadline, when shorter than "timeout", bounds the request.
+- Streams: a decoupled model's answers go out as they come; with "triton_enable_empty_final_response"
+  set, each answer says "triton_final_response" false and an empty last one says true (as Triton's).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from mcp_router import logsettings
-from mcp_router.dataplane import DataPlane, Duration, InferResult, ModelConfigInfo, ModelStats, TensorMeta
+from mcp_router.dataplane import (
+    DataPlane,
+    Duration,
+    InferResult,
+    ModelConfigInfo,
+    ModelStats,
+    SequenceFlags,
+    TensorMeta,
+)
 from mcp_router.shm import SharedMemory
 from mcpapi.kserve import grpc_service_pb2 as pb
 from mcpapi.kserve import grpc_service_pb2_grpc as pb_grpc
@@ -81,6 +93,7 @@ _TYPED_FIELD = {
     "UINT64": "uint64_contents",
     "FP32": "fp32_contents",
     "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
 }
 # The element type of each field, so values are range-checked before narrowing (INT8 from int32).
 _FIELD_DTYPE = {
@@ -92,7 +105,9 @@ _FIELD_DTYPE = {
     "fp32_contents": np.float32,
     "fp64_contents": np.float64,
 }
-_CONSUMED_PARAMETERS = frozenset({"routing_key", "priority", "timeout"})
+EMPTY_FINAL = "triton_enable_empty_final_response"
+FINAL = "triton_final_response"
+_CONSUMED_PARAMETERS = frozenset({"routing_key", "priority", "timeout", EMPTY_FINAL})
 
 
 class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -150,19 +165,32 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         too (``error_message``), so one bad request ends nothing else on the stream."""
         # Bounded both ways: at most STREAM_IN_FLIGHT requests are running or waiting to be sent back, so a
         # client that writes and never reads stops being read (gRPC flow control), not the router's memory.
-        answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        # Items: (an answer or None, whether it ends its request, so its slot goes back once sent); None ends.
+        answers: asyncio.Queue[tuple[pb.ModelStreamInferResponse | None, bool] | None] = asyncio.Queue()
         slots = asyncio.Semaphore(STREAM_IN_FLIGHT)
         running: set[asyncio.Task[None]] = set()
         failure: list[BaseException] = []
 
         async def one(request: pb.ModelInferRequest) -> None:
+            final = _flag(request, EMPTY_FINAL)  # every answer says whether it is the last
+
+            def partial(response: pb.ModelInferResponse) -> None:
+                if final:
+                    response.parameters[FINAL].bool_param = False
+                answers.put_nowait((pb.ModelStreamInferResponse(infer_response=response), False))
+
             try:
-                answer = pb.ModelStreamInferResponse(infer_response=await self._infer(request, None))
+                response = await self._infer(request, None, partial)
+                if final:
+                    response.parameters[FINAL].bool_param = True
+                # a decoupled model's last reply is often empty: it goes only if the client asked for it
+                last = response if final or response.outputs else None
+                answer = None if last is None else pb.ModelStreamInferResponse(infer_response=last)
             except MCPError as err:
                 answer = _stream_error(request, err.message)
             except Exception as exc:  # never past the stream: the others go on
                 answer = _stream_error(request, log_unexpected(exc, "ModelStreamInfer").message)
-            await answers.put(answer)  # its slot is freed once it has been sent
+            await answers.put((answer, True))  # its slot is freed once it has been sent
 
         async def read() -> None:
             try:
@@ -179,9 +207,12 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         reader = asyncio.create_task(read())
         try:
-            while (answer := await answers.get()) is not None:
-                yield answer
-                slots.release()
+            while (item := await answers.get()) is not None:
+                answer, ends = item
+                if answer is not None:
+                    yield answer
+                if ends:
+                    slots.release()
         finally:
             reader.cancel()
             for task in list(running):
@@ -189,13 +220,27 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         if failure:
             raise failure[0]
 
-    async def _infer(self, request: pb.ModelInferRequest, deadline_s: float | None) -> pb.ModelInferResponse:
+    async def _infer(
+        self,
+        request: pb.ModelInferRequest,
+        deadline_s: float | None,
+        partial: Callable[[pb.ModelInferResponse], None] | None = None,
+    ) -> pb.ModelInferResponse:
+        """Run one request; with ``partial`` (a stream), a decoupled model's answers before its last go
+        there, encoded, as they come."""
         if not request.model_name:
             raise InvalidArgument("model_name is empty; name the model to run")
         inputs = decode_inputs(request, self._shm)
         requested, into_shm = _requested_outputs(request)
         options = infer_options({key: _param_value(p) for key, p in request.parameters.items()}, deadline_s)
         request_id = request.id  # the client's: only echoed in the response (the wire id is the router's)
+        on_partial = None
+        if partial is not None:
+            send = partial
+
+            def on_partial(result: InferResult) -> None:
+                send(_encode_response(result, request_id, requested))
+
         result = await self._dataplane.infer(
             request.model_name,
             request.model_version,
@@ -206,6 +251,8 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
             timeout_s=options.timeout_s,
             outputs=requested,
             parameters=options.parameters,
+            sequence=options.sequence,
+            on_partial=on_partial,
         )
         return _encode_response(result, request_id, requested, into_shm, self._shm)
 
@@ -303,6 +350,11 @@ def _setting_value(key: str, value: pb.LogSettingsRequest.SettingValue) -> bool 
     if which is None:
         raise InvalidArgument(f"log setting {key} has no value")
     return getattr(value, which)  # type: ignore[no-any-return]
+
+
+def _flag(request: pb.ModelInferRequest, key: str) -> bool:
+    param = request.parameters.get(key)
+    return param is not None and param.WhichOneof("parameter_choice") == "bool_param" and param.bool_param
 
 
 def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
@@ -405,7 +457,7 @@ def model_config_proto(info: ModelConfigInfo) -> mc.ModelConfig:
                 else mc.ModelInstanceGroup.KIND_CPU,
             )
         ],
-        model_transaction_policy=mc.ModelTransactionPolicy(decoupled=False),
+        model_transaction_policy=mc.ModelTransactionPolicy(decoupled=info.decoupled),
     )
     batching = info.dynamic_batching
     if batching is not None:
@@ -465,7 +517,7 @@ def _decode_tensor(
         region, offset, size = shm_reference(
             {k: _param_value(p) for k, p in tensor.parameters.items()}, f"input {name}"
         )
-        return shm.read(region, offset, size, dtype=dtype, shape=shape, what=f"input {name}")
+        return shm.read(region, offset, size, datatype=tensor.datatype, shape=shape, what=f"input {name}")
     count = math.prod(shape)
     typed = [descriptor.name for descriptor, _ in tensor.contents.ListFields()]
     if raw is not None:
@@ -473,19 +525,16 @@ def _decode_tensor(
             raise InvalidArgument(
                 f"input {name}: has both contents and a raw_input_contents entry; send one of them"
             )
-        need = count * dtype.itemsize
-        if len(raw) != need:
+        if tensor.datatype != dtypes.BYTES and len(raw) != count * dtype.itemsize:
             raise InvalidArgument(
                 f"input {name}: raw content is {len(raw)} bytes but shape {list(shape)} of "
-                f"{tensor.datatype} needs {need}"
+                f"{tensor.datatype} needs {count * dtype.itemsize}"
             )
-        return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(shape)
+        return dtypes.from_bytes(tensor.datatype, raw, shape, f"input {name}")
     return _typed_array(tensor, dtype, shape, typed)
 
 
 def _input_dtype(name: str, datatype: str) -> np.dtype:
-    if datatype == "BYTES":
-        raise InvalidArgument(f"input {name}: BYTES tensors are not supported; only numeric datatypes are")
     try:
         return dtypes.numpy_dtype(datatype)
     except InvalidArgument as err:
@@ -509,7 +558,11 @@ def _typed_array(
         )
     if typed != [slot]:
         raise InvalidArgument(f"input {name}: {datatype} elements go in contents.{slot}, not {typed}")
-    values = np.array(getattr(tensor.contents, slot), dtype=_FIELD_DTYPE[slot])
+    if slot == "bytes_contents":
+        values = np.empty(len(tensor.contents.bytes_contents), dtype=object)
+        values[:] = list(tensor.contents.bytes_contents)
+    else:
+        values = np.array(getattr(tensor.contents, slot), dtype=_FIELD_DTYPE[slot])
     if values.size != count:
         raise InvalidArgument(
             f"input {name}: contents has {values.size} elements but shape {list(shape)} needs {count}"
@@ -573,6 +626,7 @@ class InferOptions:
     priority: int = 0
     timeout_s: float | None = None
     parameters: Mapping[str, str] = field(default_factory=dict)
+    sequence: SequenceFlags | None = None
 
 
 def infer_options(values: Mapping[str, Any], deadline_s: float | None = None) -> InferOptions:
@@ -581,9 +635,9 @@ def infer_options(values: Mapping[str, Any], deadline_s: float | None = None) ->
     routing_key = values.get("routing_key")
     if routing_key is not None and not isinstance(routing_key, str):
         raise InvalidArgument("parameter routing_key must be a string (string_param)")
+    sequence = _sequence(values)
     if routing_key is None:
-        sequence_id = values.get("sequence_id")
-        routing_key = str(sequence_id) if sequence_id not in (None, 0, "") else ""
+        routing_key = sequence.id if sequence is not None else ""
     priority = _int_param(values, "priority")
     timeout_us = _int_param(values, "timeout")
     if timeout_us < 0:
@@ -592,7 +646,29 @@ def infer_options(values: Mapping[str, Any], deadline_s: float | None = None) ->
     if deadline_s is not None:
         timeout_s = deadline_s if timeout_s is None else min(timeout_s, deadline_s)
     rest = {k: _param_str(v) for k, v in values.items() if k not in _CONSUMED_PARAMETERS}
-    return InferOptions(routing_key, priority, timeout_s, rest)
+    return InferOptions(routing_key, priority, timeout_s, rest, sequence)
+
+
+def _sequence(values: Mapping[str, Any]) -> SequenceFlags | None:
+    """The request's sequence, Triton's way: a non-zero integer or non-empty string id, and bools."""
+    raw = values.get("sequence_id")
+    flags = {}
+    for key in ("sequence_start", "sequence_end"):
+        flag = values.get(key, False)
+        if not isinstance(flag, bool):
+            raise InvalidArgument(f"parameter {key} must be a bool (bool_param), got {flag!r}")
+        flags[key] = flag
+    if isinstance(raw, bool) or not isinstance(raw, (int, str, type(None))):
+        raise InvalidArgument("parameter sequence_id must be an integer or a string")
+    if raw in (None, 0, ""):
+        if flags["sequence_start"] or flags["sequence_end"]:
+            raise InvalidArgument(
+                "sequence_start and sequence_end need a sequence_id (non-zero, or a string)"
+            )
+        return None
+    if isinstance(raw, str) and len(raw) > 256:
+        raise InvalidArgument("parameter sequence_id is longer than 256 characters")
+    return SequenceFlags(str(raw), flags["sequence_start"], flags["sequence_end"])
 
 
 def _param_value(param: pb.InferParameter) -> bool | int | float | str | None:
@@ -641,12 +717,12 @@ def _encode_response(
         except InvalidArgument as err:
             raise Internal(f"output {name} of model {result.model}: {err.message}") from None
         response.outputs.add(name=name, datatype=datatype, shape=array.shape)
-        data = np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<"), copy=False))
+        data = dtypes.to_bytes(array)
         target = (into_shm or {}).get(name)
         if target is not None and shm is not None:  # written there; an empty entry keeps the indices
             region, offset, size = target
-            shm.write(region, offset, size, data.reshape(-1).view(np.uint8).data, what=f"output {name}")
+            shm.write(region, offset, size, data, what=f"output {name}")
             response.raw_output_contents.append(b"")
         else:
-            response.raw_output_contents.append(data.tobytes())
+            response.raw_output_contents.append(bytes(data))
     return response

@@ -320,6 +320,7 @@ class RestFrontEnd:
             timeout_s=options.timeout_s,
             outputs=tuple(outputs),
             parameters=options.parameters,
+            sequence=options.sequence,
         )
         return _encode_result(result, request_id, outputs, binary_out, into_shm=into_shm, shm=self._shm)
 
@@ -379,42 +380,31 @@ def _decode_inputs(specs: Any, binary: memoryview, shm: SharedMemory) -> dict[st
         ):
             raise InvalidArgument(f"input {name}: shape must be a list of non-negative integers")
         check_shape(f"input {name}", tuple(shape))
-        if datatype == "BYTES":
-            raise InvalidArgument(
-                f"input {name}: BYTES tensors are not supported; only numeric datatypes are"
-            )
         try:
             dtype = dtypes.numpy_dtype(datatype)
         except (InvalidArgument, TypeError, KeyError):
             raise InvalidArgument(f"input {name}: unknown datatype {datatype!r}") from None
         count = math.prod(shape)
+        text = datatype == dtypes.BYTES
         params = spec.get("parameters") or {}
         size = params.get("binary_data_size") if isinstance(params, dict) else None
         if isinstance(params, dict) and "shared_memory_region" in params:
             region, shm_offset, shm_size = shm_reference(params, f"input {name}")
             what = f"input {name}"
-            arrays[name] = shm.read(region, shm_offset, shm_size, dtype=dtype, shape=tuple(shape), what=what)
+            arrays[name] = shm.read(
+                region, shm_offset, shm_size, datatype=datatype, shape=tuple(shape), what=what
+            )
             continue
         if size is not None:
-            if not isinstance(size, int) or size != count * dtype.itemsize:
-                raise InvalidArgument(
-                    f"input {name}: binary_data_size {size!r} but shape {shape} of {datatype} needs "
-                    f"{count * dtype.itemsize} bytes"
-                )
-            if offset + size > len(binary):
-                raise InvalidArgument(
-                    f"input {name}: binary data ends at byte {len(binary)}; {offset + size} are needed"
-                )
-            raw = binary[offset : offset + size]
+            arrays[name] = _binary_input(name, datatype, tuple(shape), size, binary=binary, offset=offset)
             offset += size
-            arrays[name] = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(shape)
             continue
         if datatype in ("FP16", "BF16"):
             raise InvalidArgument(f"input {name}: {datatype} travels as binary data only (binary_data_size)")
         if "data" not in spec:
             raise InvalidArgument(f"input {name} has neither data nor binary_data_size")
         try:
-            array = np.asarray(spec["data"], dtype=dtype)
+            array = _strings(spec["data"], name) if text else np.asarray(spec["data"], dtype=dtype)
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             raise InvalidArgument(f"input {name}: data is not {datatype} ({exc})") from None
         if array.size != count:
@@ -423,6 +413,51 @@ def _decode_inputs(specs: Any, binary: memoryview, shm: SharedMemory) -> dict[st
     if offset != len(binary):
         raise InvalidArgument(f"{len(binary) - offset} bytes of binary data belong to no input")
     return arrays
+
+
+def _binary_input(
+    name: str, datatype: str, shape: tuple[int, ...], size: Any, *, binary: memoryview, offset: int
+) -> np.ndarray:
+    """An input sent as binary data: its ``size`` bytes from ``offset`` in the binary part."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise InvalidArgument(f"input {name}: binary_data_size {size!r} is not a number of bytes")
+    if datatype != dtypes.BYTES:
+        need = math.prod(shape) * dtypes.numpy_dtype(datatype).itemsize
+        if size != need:
+            raise InvalidArgument(
+                f"input {name}: binary_data_size {size!r} but shape {list(shape)} of {datatype} needs "
+                f"{need} bytes"
+            )
+    if offset + size > len(binary):
+        raise InvalidArgument(
+            f"input {name}: binary data ends at byte {len(binary)}; {offset + size} are needed"
+        )
+    return dtypes.from_bytes(datatype, binary[offset : offset + size], shape, f"input {name}")
+
+
+def _strings(data: Any, name: str) -> np.ndarray:
+    """BYTES elements from JSON: strings (sent as their UTF-8), in nested lists or flat."""
+    flat: list[bytes] = []
+    stack = [data]
+    while stack:  # row-major order, without recursion a hostile nesting could exhaust
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(reversed(item))
+        elif isinstance(item, str):
+            flat.append(item.encode())
+        else:
+            raise InvalidArgument(f"input {name}: BYTES data are strings, got {type(item).__name__}")
+    array = np.empty(len(flat), dtype=object)
+    array[:] = flat
+    return array
+
+
+def _json_strings(array: np.ndarray) -> list[str] | None:
+    """A BYTES output's elements as JSON strings, or None when one is not UTF-8 (it goes as binary)."""
+    try:
+        return [bytes(v).decode() if not isinstance(v, str) else v for v in array.reshape(-1)]
+    except UnicodeDecodeError:
+        return None
 
 
 def _requested(
@@ -471,16 +506,21 @@ def _encode_result(
             raise Internal(f"output {name} of model {result.model}: {err.message}") from None
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         target = into_shm.get(name)
+        strings = _json_strings(array) if datatype == dtypes.BYTES else None
         if target is not None:  # written into the client's region: the reply carries its shape only
             region, offset, size = target
-            data = np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<"), copy=False))
-            shm.write(region, offset, size, data.reshape(-1).view(np.uint8).data, what=f"output {name}")
-        elif name in binary or "*" in binary or datatype in ("FP16", "BF16"):
-            blob = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+            shm.write(region, offset, size, dtypes.to_bytes(array), what=f"output {name}")
+        elif (
+            name in binary
+            or "*" in binary
+            or datatype in ("FP16", "BF16")
+            or (datatype == dtypes.BYTES and strings is None)  # not UTF-8: JSON cannot carry it
+        ):
+            blob = bytes(dtypes.to_bytes(array))
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
-            entry["data"] = array.reshape(-1).tolist()
+            entry["data"] = strings if strings is not None else array.reshape(-1).tolist()
         outputs.append(entry)
     doc: dict[str, Any] = {"model_name": result.model, "model_version": result.version, "outputs": outputs}
     if request_id:

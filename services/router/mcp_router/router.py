@@ -12,6 +12,14 @@ decide what a failure allows (DESIGN.md 7, delivery):
   once more elsewhere, any other model fails UNAVAILABLE "may have started" (never run twice);
 - anything else the worker answered is the answer.
 
+Sequences (Triton's sequence_id/start/end): a sequence's requests go to the worker and version its
+first request went to, with no retry elsewhere once it is placed; when that worker is gone (left the
+table, restarted, link failed with a request in flight, draining) the request fails ``ABORTED`` and the
+sequence is forgotten: its state was on that worker, so it is never re-routed silently. A router that
+did not see a sequence's start adopts it where its hash leads (the worker the start went to while the
+ring is unchanged). A decoupled model's answers before its last go to ``on_partial``; once one went
+out, the request is never sent again.
+
 Retries after a start was possible, and after an overload refusal, draw from a budget (a fraction of
 recent requests), so they cannot amplify an outage; every retry is counted by reason. Client errors
 (unknown model or version, bad input, priority out of range) are ``NOT_FOUND``/``INVALID_ARGUMENT`` and
@@ -36,6 +44,7 @@ from mcp_router.dataplane import (
     ModelMetadata,
     ModelStats,
     RouteDecision,
+    SequenceFlags,
 )
 from mcp_router.forwarder import Forwarder, MayHaveStarted, NotSent
 from mcp_router.snapshot import ModelRoute, Snapshots
@@ -44,6 +53,7 @@ from mcp_router.stats import UNKNOWN, RequestStats
 from mcpapi.v2 import tensor_pb2
 from mcpcore import signature, wire
 from mcpcore.errors import (
+    Aborted,
     DeadlineExceeded,
     InvalidArgument,
     MCPError,
@@ -58,6 +68,8 @@ __all__ = ["RetryBudget", "Router"]
 
 FLAG_SECONDARY_OFF = tensor_pb2.FLAG_SECONDARY_FEATURES_OFF
 MAX_PRIORITY = (1 << 32) - 1  # TensorHeader.priority is a uint32
+SEQUENCE_IDLE_S = 600.0  # a sequence with no request for this long is forgotten
+_SEQUENCE_SWEEP_EVERY = 1024  # pins made between sweeps of idle sequences
 
 
 class RetryBudget:
@@ -86,6 +98,7 @@ class _Attempts:
     maybe_ran: bool = False  # a worker held it when its link failed: "not started" can no longer be said
     last: MCPError | None = None
     again: str = ""  # why the next send is a retry (mcp_router_retries_total{reason})
+    streamed: bool = False  # a decoupled model's answer went out: never send it again
 
     def failed(self, worker: str, error: MCPError, again: str) -> None:
         self.tried.add(worker)
@@ -112,6 +125,23 @@ def _select(route: ModelRoute, result: InferResult, outputs: tuple[str, ...]) ->
         )
     chosen = {n: result.outputs[n] for n in outputs if n in result.outputs}
     return InferResult(result.model, result.version, result.worker_id, chosen)
+
+
+@dataclass(slots=True)
+class _Pin:
+    """Where a sequence runs: its version and worker (that incarnation of it)."""
+
+    version: str
+    worker: str
+    incarnation: str
+    used: float
+
+
+def _lost(model: str, seq: SequenceFlags, pin: _Pin, why: str) -> Aborted:
+    return Aborted(
+        f"sequence {seq.id} of model {model} ran on worker {pin.worker}, which {why}; its state is lost "
+        "and it is not moved to another worker: start it again (sequence_start=true)"
+    )
 
 
 def _not_loaded(model: str) -> NotFound:
@@ -144,6 +174,8 @@ class Router(DataPlane):
         self._rr: dict[str, SmoothWeightedRoundRobin] = {}
         self._scheduler_load = scheduler_load
         self._scheduler_unload = scheduler_unload
+        self._sequences: dict[tuple[str, str], _Pin] = {}
+        self._pins_made = 0
 
     # -- health and metadata ---------------------------------------------------------------------------
     def live(self) -> bool:
@@ -325,6 +357,8 @@ class Router(DataPlane):
         timeout_s: float | None = None,
         outputs: tuple[str, ...] = (),
         parameters: Mapping[str, str] | None = None,
+        sequence: SequenceFlags | None = None,
+        on_partial: Callable[[InferResult], None] | None = None,
     ) -> InferResult:
         """``request_id`` is the client's: only echoed by the front ends, never put on the wire."""
         started = time.perf_counter()
@@ -338,6 +372,14 @@ class Router(DataPlane):
                 raise InvalidArgument(
                     f"priority {priority} is out of range: use 0 (the model's default) .. {MAX_PRIORITY}"
                 )
+            bad = [k for k in parameters or () if k.startswith(wire.RESERVED_PREFIX)]
+            if bad:
+                raise InvalidArgument(
+                    f"request parameter(s) {bad}: names starting {wire.RESERVED_PREFIX!r} are the mesh's own"
+                )
+            if on_partial is not None and outputs:
+                shown = on_partial
+                on_partial = lambda r: shown(_select(route, r, outputs))  # noqa: E731
             result = await self._infer(
                 route,
                 version,
@@ -346,8 +388,11 @@ class Router(DataPlane):
                 priority=priority,
                 timeout_s=timeout_s,
                 outputs=outputs,
+                parameters=parameters or {},
+                sequence=sequence,
+                on_partial=on_partial,
             )
-            if outputs:
+            if outputs and result.outputs:  # a decoupled model's last reply may hold none
                 result = _select(route, result, outputs)
         except MCPError as err:
             shown = version if route is not None and route.knows(version) else (UNKNOWN if version else "")
@@ -366,23 +411,112 @@ class Router(DataPlane):
         priority: int,
         timeout_s: float | None,
         outputs: tuple[str, ...] = (),
+        parameters: Mapping[str, str],
+        sequence: SequenceFlags | None,
+        on_partial: Callable[[InferResult], None] | None,
     ) -> InferResult:
         model = route.name
-        chosen, _level, flags = self._version(route, version, routing_key, time.time())
+        pin = self._pinned(route, sequence, version)
+        chosen, _level, flags = self._version(
+            route, pin.version if pin else version, routing_key, time.time()
+        )
         meta = route.metadata.get(chosen)
+        config = route.configs.get(chosen)
         if meta is not None:  # the worker's own check, here before any hop (a client error costs no trip)
-            where, config = f"model {model}/{chosen}", route.configs.get(chosen)
+            where = f"model {model}/{chosen}"
             signature.check_inputs(where, meta.inputs, inputs, config.max_batch_size if config else None)
             signature.check_outputs(where, meta.outputs, outputs)
+        if config is not None and config.decoupled and on_partial is None:
+            raise InvalidArgument(
+                f"model {model}/{chosen} is decoupled (it may answer a request several times): send its "
+                "requests over a stream (ModelStreamInfer; tritonclient's start_stream)"
+            )
         attempts = _Attempts(time.monotonic() + (timeout_s or self._timeout))
         rid = self._fwd.new_id()
         key = routing_key or rid
         nbytes = sum(a.nbytes for a in inputs.values())
         features = self._snap.table.features_off if flags & FLAG_SECONDARY_OFF else ()
+        try:
+            return await self._attempt(
+                route, chosen, key=key, rid=rid, inputs=inputs, attempts=attempts,
+                priority=priority, flags=flags, features=features, nbytes=nbytes, parameters=parameters,
+                sequence=sequence, pin=pin, on_partial=on_partial,
+            )  # fmt: skip
+        finally:
+            if sequence is not None and sequence.end:
+                self._sequences.pop((model, sequence.id), None)
+
+    def _pinned(self, route: ModelRoute, sequence: SequenceFlags | None, version: str) -> _Pin | None:
+        """The place of a sequence already running (None: a start, not a sequence, or one this router
+        has not seen, which goes where its hash leads); ``Aborted`` when its worker is gone."""
+        if sequence is None:
+            return None
+        key = (route.name, sequence.id)
+        pin = self._sequences.get(key)
+        if pin is None or sequence.start:  # a start begins it afresh (Triton: a new START restarts it)
+            self._sequences.pop(key, None)
+            return None
+        if version and version != pin.version:
+            raise InvalidArgument(
+                f"sequence {sequence.id} of model {route.name} runs on version {pin.version}, not {version}"
+            )
+        table = self._snap.table
+        ring = route.rings.get(pin.version)
+        endpoint = table.workers.get(pin.worker)
+        why = ""
+        if endpoint is None or ring is None or pin.worker not in ring.nodes:
+            why = "left the routing table"
+        elif endpoint.incarnation != pin.incarnation:
+            why = "restarted"
+        elif not self._fwd.serving(pin.worker):
+            why = "is disconnected or draining"
+        if why:
+            del self._sequences[key]
+            raise _lost(route.name, sequence, pin, why)
+        pin.used = time.monotonic()
+        return pin
+
+    def _pin(self, model: str, sequence: SequenceFlags, version: str, worker: str) -> None:
+        endpoint = self._snap.table.workers.get(worker)
+        now = time.monotonic()
+        self._sequences[(model, sequence.id)] = _Pin(
+            version, worker, endpoint.incarnation if endpoint else "", now
+        )
+        self._pins_made += 1
+        if self._pins_made % _SEQUENCE_SWEEP_EVERY == 0:  # bounded: idle sequences are forgotten
+            idle = [k for k, p in self._sequences.items() if now - p.used > SEQUENCE_IDLE_S]
+            for k in idle:
+                del self._sequences[k]
+
+    async def _attempt(
+        self,
+        route: ModelRoute,
+        chosen: str,
+        *,
+        key: str,
+        rid: str,
+        inputs: Mapping[str, np.ndarray],
+        attempts: _Attempts,
+        priority: int,
+        flags: int,
+        features: tuple[str, ...],
+        nbytes: int,
+        parameters: Mapping[str, str],
+        sequence: SequenceFlags | None,
+        pin: _Pin | None,
+        on_partial: Callable[[InferResult], None] | None,
+    ) -> InferResult:
+        """Send until answered, as the delivery rules allow (the module's docstring)."""
+        model = route.name
         while True:
             route = self._snap.table.models.get(model, route)
             try:
-                worker = self._pick(route, chosen, key, attempts.tried)
+                if pin is not None:  # a placed sequence goes nowhere else
+                    if pin.worker in attempts.tried:
+                        raise attempts.final(_no_worker(model, chosen))
+                    worker = pin.worker
+                else:
+                    worker = self._pick(route, chosen, key, attempts.tried)
             except Unavailable as err:  # none left: the last worker's answer says the most
                 raise attempts.final(err) from None
             left = attempts.deadline - time.monotonic()
@@ -394,14 +528,24 @@ class Router(DataPlane):
                 kind=tensor_pb2.KIND_REQUEST, request_id=rid, model=model, version=chosen,
                 timeout_us=max(1, int(left * 1e6)), priority=priority, flags=flags,
             )  # fmt: skip
+            header.parameters.update(parameters)
+            partial = (
+                None if on_partial is None else self._partial(model, chosen, worker, attempts, on_partial)
+            )
             if features:
                 header.parameters[wire.PARAM_FEATURES_OFF] = ",".join(features)
             try:
-                reply = await self._fwd.send(worker, header, inputs, timeout_s=left, nbytes=nbytes)
+                reply = await self._fwd.send(
+                    worker, header, inputs, timeout_s=left, nbytes=nbytes, on_partial=partial
+                )
             except NotSent as err:  # never left this router: another worker may take it, no budget
                 attempts.failed(worker, not_started(err), "not_sent")
                 continue
             except MayHaveStarted as err:
+                if sequence is not None:
+                    self._sequences.pop((model, sequence.id), None)
+                    lost = _Pin(chosen, worker, "", 0.0)
+                    raise _lost(model, sequence, lost, "failed while the request was in flight") from None
                 if not self._resend(route, chosen, worker, attempts):
                     self._stats.may_have_started(model)
                     raise Unavailable(
@@ -410,9 +554,26 @@ class Router(DataPlane):
                         "running it twice is safe"
                     ) from None
                 continue
+            if sequence is not None and pin is None:  # placed where its first answer came from
+                self._pin(model, sequence, chosen, worker)
             if not reply.header.status_code:
                 return InferResult(model, reply.header.version or chosen, worker, reply.named())
+            if pin is not None and reply.header.flags & wire.FLAG_DRAINING:
+                self._sequences.pop((model, sequence.id), None)  # type: ignore[union-attr]
+                raise _lost(model, sequence, pin, "is draining")  # type: ignore[arg-type]
+            if pin is not None:  # not started there, or failed: the answer, never another worker
+                wire.raise_for_status(reply.header)
             self._refused(worker, reply.header, attempts)
+
+    @staticmethod
+    def _partial(
+        model: str, version: str, worker: str, attempts: _Attempts, on_partial: Callable[[InferResult], None]
+    ) -> Callable[[wire.Message], None]:
+        def partial(msg: wire.Message) -> None:
+            attempts.streamed = True
+            on_partial(InferResult(model, msg.header.version or version, worker, msg.named()))
+
+        return partial
 
     def _resend(self, route: ModelRoute, version: str, worker: str, attempts: _Attempts) -> bool:
         """After "may have started": whether the request goes out once more (idempotent models only).
@@ -423,6 +584,7 @@ class Router(DataPlane):
         attempts.maybe_ran = True
         if (
             attempts.resent
+            or attempts.streamed
             or not route.idempotent.get(version, False)
             or time.monotonic() >= attempts.deadline
         ):

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mcpcore import dtypes
 from mcpcore.errors import AlreadyExists, InvalidArgument, NotFound
 
 __all__ = ["Region", "SharedMemory"]
@@ -125,16 +126,17 @@ class SharedMemory:
         return memoryview(mapping)[start : start + byte_size]
 
     def read(
-        self, name: str, offset: int, byte_size: int, *, dtype: np.dtype, shape: tuple[int, ...], what: str
+        self, name: str, offset: int, byte_size: int, *, datatype: str, shape: tuple[int, ...], what: str
     ) -> np.ndarray:
-        """The tensor in the region, as a read-only view of the mapping."""
-        need = math.prod(shape) * dtype.itemsize
-        if byte_size != need:
-            raise InvalidArgument(
-                f"{what}: shared_memory_byte_size {byte_size} but shape {list(shape)} needs {need}"
-            )
+        """The tensor in the region: a read-only view of the mapping (BYTES: its elements, copied)."""
+        if datatype != dtypes.BYTES:
+            need = math.prod(shape) * dtypes.numpy_dtype(datatype).itemsize
+            if byte_size != need:
+                raise InvalidArgument(
+                    f"{what}: shared_memory_byte_size {byte_size} but shape {list(shape)} needs {need}"
+                )
         view = self._view(name, offset, byte_size, what)
-        array = np.frombuffer(view, dtype=dtype.newbyteorder("<")).reshape(shape)
+        array = dtypes.from_bytes(datatype, view, shape, f"{what} (shared memory)")
         array.flags.writeable = False
         return array
 

@@ -476,4 +476,5 @@ def _config(model: str, version: str, doc: Mapping[str, Any], meta: ModelMetadat
         instance_count=_int(summary.get("instance_count"), 1),
         device=device if device in ("cpu", "gpu") else "cpu",
         versions=(),
+        decoupled=summary.get("decoupled") is True,
     )

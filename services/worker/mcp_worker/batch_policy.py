@@ -74,9 +74,9 @@ class BatchConfig:
         """From ``model.yaml``. With ``max_batch_size > 0`` and no ``dynamic_batching`` section, requests
         that queue up while the model is busy still run together (a zero delay: nobody waits for them)."""
         db = cfg.dynamic_batching or DynamicBatching()
-        batched = cfg.max_batch_size > 0
+        batched = cfg.max_batch_size > 0 and not cfg.decoupled  # a decoupled model's requests run alone
         return cls(
-            max_batch_size=cfg.max_batch_size,
+            max_batch_size=cfg.max_batch_size if batched else 0,
             max_queue_delay_s=db.max_queue_delay_us / 1e6 if batched else 0.0,
             preferred_batch_sizes=db.preferred_batch_sizes if batched else (),
             priority_levels=db.priority_levels,

@@ -16,7 +16,9 @@ Invariants:
   admission (paused, unloading, stopped, queue full: "exceeds maximum queue size") and every request an
   emergency stop or shutdown answers while queued. Errors of a batch that ran are not marked.
 - ``on_execute(key, request_ids)`` is called as a batch starts: the worker counts executions there.
-- Requests that skip secondary outputs (breaker level 2) batch only with each other.
+- Requests that skip secondary outputs (breaker level 2) batch only with each other, and so do requests
+  with the same request parameters (a backend may read them); a request with an ``emit`` (a decoupled
+  model's) runs alone.
 - A model is forgotten only once its queued and in-flight requests are done (``remove_model``), so an
   unload never fails a request that was admitted.
 
@@ -58,8 +60,10 @@ __all__ = ["BatchConfig", "BatchMetrics", "Dispatcher", "ModelQueue", "QueueStat
 log = logging.getLogger(__name__)
 
 Tensors = dict[str, np.ndarray]
-#: Runs one batch: blocking and thread-safe; inputs are concatenated along axis 0 when batching.
-RunBatch = Callable[[Tensors], Tensors]
+#: Runs one batch: blocking and thread-safe; inputs are concatenated along axis 0 when batching. Called
+#: with keyword arguments only where a batch has them: ``skip``, ``parameters``, ``emit`` (see
+#: ``Backend.infer``).
+RunBatch = Callable[..., Tensors]
 
 _RECENT = 128  # batches that QueueStats averages over
 _ANSWER_CHUNK = 4  # a batch's answers per event-loop iteration
@@ -136,6 +140,8 @@ class _Pending(Request):
     future: asyncio.Future[Tensors]
     timeout_s: float | None
     skip: frozenset[str] = frozenset()
+    parameters: Mapping[str, str] | None = None
+    emit: Callable[[Tensors], None] | None = None
 
 
 def _answer(req: _Pending, result: Tensors | BaseException) -> None:
@@ -195,16 +201,24 @@ class ModelQueue:
         priority: int | None = None,
         timeout_s: float | None = None,
         skip: frozenset[str] = frozenset(),
+        parameters: Mapping[str, str] | None = None,
+        emit: Callable[[Tensors], None] | None = None,
     ) -> Tensors:
         """Queue one request and wait for its outputs. ``priority`` is a level (1 is served first; default
         from the config); ``timeout_s`` is the time the request has left (its deadline): it waits in the
-        queue at most that, or the model's queue timeout when shorter. ``skip``: outputs not to compute."""
+        queue at most that, or the model's queue timeout when shorter. ``skip``: outputs not to compute;
+        ``parameters``: the request's, for the backend; ``emit``: takes a decoupled model's answers (on
+        the executor thread)."""
         level = self._admit(priority)
         rows, shape_key = self._describe(inputs)
         policy = self.config.default_queue_timeout_s
         timeout = policy if timeout_s is None else timeout_s if policy is None else min(policy, timeout_s)
         if skip:
             shape_key = (shape_key, skip)
+        if parameters:
+            shape_key = (shape_key, tuple(sorted(parameters.items())))
+        if emit is not None:
+            shape_key = (shape_key, emit)  # its own: never batched with another request
         if timeout is not None and timeout <= 0:
             self._metrics.count_dropped(1)
             raise not_started(
@@ -224,6 +238,8 @@ class ModelQueue:
             future=future,
             timeout_s=timeout,
             skip=skip,
+            parameters=parameters,
+            emit=emit,
         )
         self.policy.push(req)
         self._requests_total += 1
@@ -363,12 +379,19 @@ class ModelQueue:
         each request's outputs and the time of each phase (accounted on the loop, ``executed``)."""
         started = time.perf_counter_ns()
         marks: list[int] = []
-        skip = batch[0].skip  # a batch shares it (it is part of the shape key)
+        first = batch[0]  # a batch shares these (they are part of the shape key)
+        extra: dict[str, Any] = {}
+        if first.skip:
+            extra["skip"] = first.skip
+        if first.parameters:
+            extra["parameters"] = first.parameters
+        if first.emit is not None:
+            extra["emit"] = first.emit
 
         def run(x: Tensors) -> Any:
             marks.append(time.perf_counter_ns())
             try:
-                return self._run_batch(x, skip=skip) if skip else self._run_batch(x)  # type: ignore[call-arg]
+                return self._run_batch(x, **extra)
             finally:
                 marks.append(time.perf_counter_ns())
 
@@ -389,7 +412,7 @@ class ModelQueue:
         if len(batch) == 1:
             return _split(run(inputs[0]), rows, self.key)
         buffers = self._dispatcher.buffers
-        if buffers is None:
+        if buffers is None or any(a.dtype.kind == "O" for a in inputs[0].values()):  # BYTES: objects
             merged = {n: np.concatenate([x[n] for x in inputs]) for n in inputs[0]}
             return _split(run(merged), rows, self.key)
         leases = []

@@ -177,9 +177,13 @@ class ModelManager:
         priority: int | None = None,
         timeout_s: float | None = None,
         features_off: tuple[str, ...] | None = None,
+        parameters: Mapping[str, str] | None = None,
+        partial: Callable[[str, dict[str, np.ndarray]], None] | None = None,
     ) -> tuple[Replica, dict[str, np.ndarray]]:
         """Run one request. ``features_off`` (breaker level 2): the policy's features to drop, () for all
-        of the model's secondary outputs; None keeps them."""
+        of the model's secondary outputs; None keeps them. ``parameters`` go to the backend. A decoupled
+        model's answers before its last go to ``partial(version, outputs)``, on the event loop, in
+        order; without one such a model is refused."""
         if self.stopped is not None:
             raise not_started(
                 Unavailable(f"worker {self.worker_id} is stopped ({self.stopped}); retry on another worker")
@@ -196,9 +200,18 @@ class ModelManager:
         skip = frozenset()
         if features_off is not None:
             skip = secondary_outputs_off(replica.config.qos.secondary_features, features_off)
+        emit = None
+        if replica.config.decoupled:
+            if partial is None:
+                raise InvalidArgument(
+                    f"model {replica.key} is decoupled (several answers per request): call it over a "
+                    "stream (ModelStreamInfer) or the tensor socket"
+                )
+            emit = _on_loop(partial, replica.rid.version)
         outputs = await replica.queue.submit(
-            request_id, inputs, priority=priority, timeout_s=timeout_s, skip=skip
-        )
+            request_id, inputs, priority=priority, timeout_s=timeout_s, skip=skip, parameters=parameters,
+            emit=emit,
+        )  # fmt: skip
         return replica, outputs
 
     # -- control ---------------------------------------------------------------------------------------
@@ -425,6 +438,16 @@ class ModelManager:
         return path
 
 
+def _on_loop(
+    partial: Callable[[str, dict[str, np.ndarray]], None], version: str
+) -> Callable[[dict[str, np.ndarray]], None]:
+    """An ``emit`` for the executor thread that hands each answer to ``partial`` on this event loop. The
+    loop runs callbacks in the order they were scheduled, so the answers keep their order and all come
+    before the request's last reply (whose future is completed through the same queue)."""
+    loop = asyncio.get_running_loop()
+    return lambda outputs: loop.call_soon_threadsafe(partial, version, outputs)
+
+
 def _apply(config: ModelConfig, o: LoadOverrides | None) -> ModelConfig:
     if o is None:
         return config
@@ -451,6 +474,7 @@ def _config_summary(config: ModelConfig) -> dict[str, Any]:
         "max_batch_size": config.max_batch_size,
         "instance_count": config.instance_count,
         "device": "gpu" if config.backend == "cuda" else "cpu",
+        "decoupled": config.decoupled,
         "dynamic_batching": None
         if batching is None
         else {

@@ -43,7 +43,7 @@ from mcp_worker.nvml import GpuSampler
 from mcp_worker.registration import Registration
 from mcp_worker.repository import ModelRepository
 from mcp_worker.servicer_v2 import WorkerControlServicer
-from mcp_worker.zmq_server import TensorServer, load_curve_secret
+from mcp_worker.zmq_server import Partial, TensorServer, load_curve_secret
 from mcpapi.v2 import worker_pb2_grpc
 from mcpcore import wire
 from mcpcore.crypto import Keyring
@@ -272,7 +272,7 @@ class Worker:
             await self._drain.run(reason)
 
     # -- callbacks -------------------------------------------------------------------------------------
-    async def _handle(self, msg: wire.Message) -> tuple[str, dict[str, Any]]:
+    async def _handle(self, msg: wire.Message, partial: Partial) -> tuple[str, dict[str, Any]]:
         h = msg.header
         started = time.perf_counter()
         features_off = None
@@ -287,6 +287,8 @@ class Worker:
                 priority=h.priority or None,
                 timeout_s=h.timeout_us / 1e6 if h.timeout_us else None,
                 features_off=features_off,
+                parameters=wire.client_parameters(h),
+                partial=partial,
             )
         except MCPError as err:
             model, version = self.manager.labels(h.model, h.version)  # no labels from untrusted names

@@ -24,6 +24,9 @@ Invariants:
   ZeroMQ's descriptor is edge-like (a send can consume the edge a new message raised), so after a turn
   that took its limit, and after every send, one more look is scheduled: no message is ever left unseen.
 - The header is parsed once per request, on arrival: admission, the handler and the reply use that one.
+- A decoupled model answers with any number of replies: each one the handler hands to its ``partial``
+  callback goes out at once with ``FLAG_PARTIAL``, in order, and the request's last reply (its outputs,
+  often none, or its error) goes without it; the ticket is held until that last one is sent.
 - ZMTP heartbeats detect a peer that vanished or froze; with a CURVE secret key configured, only peers
   that know the server's public key can connect.
 """
@@ -65,9 +68,11 @@ def _spec(header: tensor_pb2.TensorHeader | None, index: int) -> tensor_pb2.Tens
 log = logging.getLogger(__name__)
 _TAKE_PER_TURN = 8  # messages taken per readable callback before the loop runs the rest
 
-#: Gets the decoded request; returns the version that served it and the output tensors (or raises an
-#: MCPError, which goes back in the reply header).
-Handler = Callable[[wire.Message], Awaitable[tuple[str, dict[str, np.ndarray]]]]
+#: Sends one partial reply now (version, outputs): a decoupled model's answers before its last.
+Partial = Callable[[str, dict[str, np.ndarray]], None]
+#: Gets the decoded request and a ``Partial`` for its answers before the last; returns the version that
+#: served it and the (last) output tensors, or raises an MCPError, which goes back in the reply header.
+Handler = Callable[[wire.Message, Partial], Awaitable[tuple[str, dict[str, np.ndarray]]]]
 
 
 def load_curve_secret(path: str) -> tuple[bytes, bytes]:
@@ -315,14 +320,25 @@ class TensorServer:
 
     async def _reply(self, identity: zmq.Frame, header: tensor_pb2.TensorHeader, frames: list[Any]) -> None:
         """Run the request (``frames``: its tensor frames, checked here against ``header``) and answer."""
+
+        broken: list[MCPError] = []  # a partial reply that could not go: the last reply says so
+
+        def partial(version: str, outputs: dict[str, np.ndarray]) -> None:
+            if broken:
+                return
+            try:
+                frames = self._encode_reply(header, version, outputs, wire.FLAG_PARTIAL)
+            except MCPError as err:
+                broken.append(err)
+                return
+            self._send([identity, *frames], "a reply")
+
         try:
             msg = wire.Message(header, wire.tensors_of(header, frames, self._limits))
-            version, outputs = await self._handler(msg)
-            self._check_reply(header, outputs)
-            reply = tensor_pb2.TensorHeader(
-                kind=tensor_pb2.KIND_REPLY, request_id=header.request_id, model=header.model, version=version
-            )
-            out = wire.encode(reply, outputs)
+            version, outputs = await self._handler(msg, partial)
+            if broken:
+                raise broken[0]
+            out = self._encode_reply(header, version, outputs)
         except MCPError as err:
             out = [wire.error_reply(header, err, retryable=err.not_started and err.retryable)]
         except asyncio.CancelledError:
@@ -333,15 +349,24 @@ class TensorServer:
             out = [wire.error_reply(header, Internal("internal error; the worker log has the details"))]
         self._send([identity, *out], "a reply")
 
-    def _check_reply(self, header: tensor_pb2.TensorHeader, outputs: dict[str, np.ndarray]) -> None:
-        """Refuse to send what a receiver must drop: outputs over the frame or message limits."""
-        limits, total = self._limits, 0
+    def _encode_reply(
+        self, header: tensor_pb2.TensorHeader, version: str, outputs: dict[str, np.ndarray], flags: int = 0
+    ) -> list[Any]:
+        """The reply's frames; refuses (``ResourceExhausted``) what a receiver must drop: outputs over the
+        frame or message limits."""
+        limits = self._limits
         if len(outputs) > limits.max_tensors:
             raise ResourceExhausted(
                 f"model {header.model} made {len(outputs)} outputs, over the limit of {limits.max_tensors}"
             )
-        for name, array in outputs.items():
-            size = int(getattr(array, "nbytes", 0))
+        reply = tensor_pb2.TensorHeader(
+            kind=tensor_pb2.KIND_REPLY, request_id=header.request_id, model=header.model, version=version,
+            flags=flags,
+        )  # fmt: skip
+        frames = wire.encode(reply, outputs)
+        total = 0
+        for spec in reply.tensors:
+            name, size = spec.name, spec.byte_size
             total += size
             if size > limits.max_tensor_bytes:
                 raise ResourceExhausted(
@@ -353,3 +378,4 @@ class TensorServer:
                 f"the reply of model {header.model} is {total} bytes, over the "
                 f"{limits.max_message_bytes}-byte message limit; send fewer rows per request"
             )
+        return frames

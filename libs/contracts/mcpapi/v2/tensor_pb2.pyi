@@ -22,6 +22,7 @@ class DataType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TYPE_FP16: _ClassVar[DataType]
     TYPE_FP32: _ClassVar[DataType]
     TYPE_FP64: _ClassVar[DataType]
+    TYPE_BYTES: _ClassVar[DataType]
     TYPE_BF16: _ClassVar[DataType]
 
 class HeaderFlag(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
@@ -30,6 +31,7 @@ class HeaderFlag(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FLAG_SECONDARY_FEATURES_OFF: _ClassVar[HeaderFlag]
     FLAG_RETRYABLE: _ClassVar[HeaderFlag]
     FLAG_DRAINING: _ClassVar[HeaderFlag]
+    FLAG_PARTIAL: _ClassVar[HeaderFlag]
 
 class MessageKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -49,11 +51,13 @@ TYPE_INT64: DataType
 TYPE_FP16: DataType
 TYPE_FP32: DataType
 TYPE_FP64: DataType
+TYPE_BYTES: DataType
 TYPE_BF16: DataType
 FLAG_NONE: HeaderFlag
 FLAG_SECONDARY_FEATURES_OFF: HeaderFlag
 FLAG_RETRYABLE: HeaderFlag
 FLAG_DRAINING: HeaderFlag
+FLAG_PARTIAL: HeaderFlag
 KIND_UNSPECIFIED: MessageKind
 KIND_REQUEST: MessageKind
 KIND_REPLY: MessageKind

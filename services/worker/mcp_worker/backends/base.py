@@ -12,6 +12,9 @@ Invariants:
   ``FailedPrecondition``.
 - Backend modules are imported only when a model asks for them (``create_backend``), so a worker without
   onnxruntime still serves layer-graph models.
+- ``parameters`` are the request's own (KServe request parameters, strings), for a backend that reads
+  them. A decoupled model's ``_run`` yields its answers one by one: ``infer`` hands each to ``emit`` (on
+  the executor thread, in order) and returns ``{}``; an error raised part way ends the stream with it.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from __future__ import annotations
 import abc
 import importlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
 from typing import ClassVar
 
 import numpy as np
@@ -28,7 +32,15 @@ from mcpcore import dtypes, signature
 from mcpcore.errors import FailedPrecondition, Internal, InvalidArgument, MCPError
 from mcpcore.modelspec import ModelConfig, TensorSpec
 
-__all__ = ["BACKEND_CLASSES", "Backend", "backend_class", "create_backend", "short_error"]
+__all__ = [
+    "BACKEND_CLASSES",
+    "NO_PARAMETERS",
+    "Backend",
+    "Emit",
+    "backend_class",
+    "create_backend",
+    "short_error",
+]
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +49,12 @@ BACKEND_CLASSES: dict[str, str] = {
     "numpy": "mcp_worker.backends.numpy_backend:NumpyBackend",
     "onnx": "mcp_worker.backends.onnx_backend:OnnxBackend",
     "cuda": "mcp_worker.backends.cuda_backend:CudaBackend",
+    "builtin": "mcp_worker.backends.builtin_backend:BuiltinBackend",
 }
+NO_PARAMETERS: Mapping[str, str] = MappingProxyType({})
+#: Takes one answer of a decoupled model (called on the executor thread).
+Emit = Callable[[dict[str, np.ndarray]], None]
+Outputs = dict[str, np.ndarray]
 _NOT_BUILT: dict[str, str] = {}  # backend -> why it cannot be used yet
 _MAX_DETAIL = 300
 
@@ -60,15 +77,27 @@ class Backend(abc.ABC):
         return True, ""
 
     def infer(
-        self, inputs: Mapping[str, np.ndarray], *, skip: frozenset[str] = frozenset()
+        self,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        skip: frozenset[str] = frozenset(),
+        parameters: Mapping[str, str] = NO_PARAMETERS,
+        emit: Emit | None = None,
     ) -> dict[str, np.ndarray]:
         """Run one batch; ``skip`` names secondary outputs not to compute (breaker level 2 drops them,
-        DESIGN.md 7): the result has every other output."""
+        DESIGN.md 7): the result has every other output. A decoupled model's answers go to ``emit``
+        (dropped when there is none, as at warm-up) and the result is empty."""
         if self._closed:
             raise FailedPrecondition(f"{self._where} is closed")
         self.check_inputs(inputs)
         try:
-            return self._run(inputs, skip=skip)
+            result = self._run(inputs, skip=skip, parameters=parameters)
+            if not self.config.decoupled:
+                return result  # type: ignore[return-value]
+            for answer in result:  # type: ignore[union-attr]
+                if emit is not None:
+                    emit(answer)
+            return {}
         except MCPError:
             raise
         except Exception as err:
@@ -77,7 +106,7 @@ class Backend(abc.ABC):
 
     def warmup(self) -> None:
         """One run on zeros with batch 1 (every variable dim 1), so the first real request is not slow."""
-        self.infer({s.name: np.zeros(_warmup_shape(s), self._dtypes[s.name]) for s in self.config.inputs})
+        self.infer({s.name: _warmup_input(s, self._dtypes[s.name]) for s in self.config.inputs})
 
     def close(self) -> None:
         """Release everything; idempotent."""
@@ -91,9 +120,11 @@ class Backend(abc.ABC):
         signature.check_inputs(self._where, self.config.inputs, inputs, self.config.max_batch_size)
 
     @abc.abstractmethod
-    def _run(self, inputs: Mapping[str, np.ndarray], *, skip: frozenset[str]) -> dict[str, np.ndarray]:
-        """Execute on checked inputs, leaving out the outputs in ``skip``. Must be safe to call from several
-        threads at once."""
+    def _run(
+        self, inputs: Mapping[str, np.ndarray], *, skip: frozenset[str], parameters: Mapping[str, str]
+    ) -> Outputs | Iterator[Outputs]:
+        """Execute on checked inputs, leaving out the outputs in ``skip``: the outputs, or (a decoupled
+        model) an iterator of answers. Must be safe to call from several threads at once."""
 
     @abc.abstractmethod
     def _release(self) -> None:
@@ -124,8 +155,9 @@ def create_backend(config: ModelConfig, weights: bytes | None) -> Backend:
     return cls(config, weights)
 
 
-def _warmup_shape(spec: TensorSpec) -> tuple[int, ...]:
-    return tuple(1 if d == -1 else d for d in spec.shape)
+def _warmup_input(spec: TensorSpec, dtype: np.dtype) -> np.ndarray:
+    shape = tuple(1 if d == -1 else d for d in spec.shape)
+    return np.full(shape, b"", dtype) if dtype.kind == "O" else np.zeros(shape, dtype)
 
 
 def short_error(err: BaseException) -> str:

@@ -294,7 +294,9 @@ class CudaBackend(Backend):
             self._registered.append((start, start + registered.nbytes, registered))
         return registered
 
-    def _run(self, inputs: Mapping[str, np.ndarray], *, skip: frozenset[str]) -> dict[str, np.ndarray]:
+    def _run(
+        self, inputs: Mapping[str, np.ndarray], *, skip: frozenset[str], parameters: Mapping[str, str]
+    ) -> dict[str, np.ndarray]:
         x = inputs[self._input]
         out_shape = (*x.shape[:-1], self._out_dim)
         rows = x.size // self._in_dim

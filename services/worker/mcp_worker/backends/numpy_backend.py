@@ -135,7 +135,9 @@ class NumpyBackend(Backend):
         self.memory_bytes = tensors.held_bytes
         self.on_work: Callable[[int], None] | None = None
 
-    def _run(self, inputs: Mapping[str, np.ndarray], *, skip: frozenset[str]) -> dict[str, np.ndarray]:
+    def _run(
+        self, inputs: Mapping[str, np.ndarray], *, skip: frozenset[str], parameters: Mapping[str, str]
+    ) -> dict[str, np.ndarray]:
         steps = self._steps  # one read: a concurrent close leaves this run its steps, or none at all
         if not steps:
             raise FailedPrecondition(f"{self._where} is closed")

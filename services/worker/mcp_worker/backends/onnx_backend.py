@@ -92,7 +92,9 @@ class OnnxBackend(Backend):
             return False, f"onnxruntime has no {_PROVIDER} (has {ort.get_available_providers()})"
         return True, ""
 
-    def _run(self, inputs: Mapping[str, np.ndarray], *, skip: frozenset[str]) -> dict[str, np.ndarray]:
+    def _run(
+        self, inputs: Mapping[str, np.ndarray], *, skip: frozenset[str], parameters: Mapping[str, str]
+    ) -> dict[str, np.ndarray]:
         session = self._session  # a local reference: a concurrent close cannot pull it away mid-run
         if session is None:
             raise FailedPrecondition(f"{self._where} is closed")
