@@ -293,9 +293,9 @@ ROWS = [
         "shared memory region 'dup' is registered already; unregister it first",
         during=partial(registered, name="dup")),
     Row(PermissionDenied, "load-encrypted-model-on-a-worker-without-its-key", load("demo-mlp-enc"),
-        "is encrypted with key id 'demo-key' but this worker has no keyring configured", known_bug=MASKED),
+        "is encrypted with key id 'demo-key' but this worker has no keyring configured"),
     Row(DataLoss, "load-model-with-corrupt-weights", load("demo-corrupt"),
-        "the weights are not a readable safetensors file", known_bug=MASKED),
+        "the weights are not a readable safetensors file"),
     Row(Internal, "model-that-fails-at-run-time", infer("demo-batch1", "1"),
         "model demo-batch1/1 (onnx backend): inference failed", still=("demo-batch1", "1")),
     # gRPC's own limit (grpc core answers before the router runs); REST refuses the body 413 (README)

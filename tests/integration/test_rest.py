@@ -118,6 +118,13 @@ def test_repository_index_load_and_unload(rest):
                                                    "data": [0.0] * 64}],
                                        "parameters": {"priority": -1}}, 400, "priority -1 is out of range"),
         ("/v2/models/no-such-model/config", None, 404, "no-such-model is not loaded"),
+        # the same load parameters as gRPC's RepositoryModelLoad, read by the same code
+        ("/v2/repository/models/demo-mlp/load", {"parameters": {"version": 2}}, 400,
+         "'version' must be a string"),
+        ("/v2/repository/models/demo-mlp/load", {"parameters": {"colour": "red"}}, 400,
+         "unknown load parameter 'colour'"),
+        ("/v2/repository/models/demo-mlp/load", {"parameters": {"config": "{}"}}, 400,
+         "load parameter 'config' is not supported"),
     ],
 )  # fmt: skip
 def test_each_bad_request_gets_its_status_and_a_message(rest, path, body, status, words):

@@ -57,6 +57,7 @@ __all__ = [
     "check_shape",
     "decode_inputs",
     "infer_options",
+    "load_version",
     "model_config_proto",
     "shm_reference",
     "statistics_proto",
@@ -321,19 +322,7 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: Any
     ) -> pb.RepositoryModelLoadResponse:
-        version = ""
-        for key, param in request.parameters.items():
-            if key == "version":
-                if param.WhichOneof("parameter_choice") != "string_param":
-                    raise InvalidArgument("load parameter 'version' must be a string (string_param)")
-                version = param.string_param
-            elif key == "config" or key.startswith("file:"):
-                raise InvalidArgument(
-                    f"load parameter {key!r} is not supported: models come from the cluster's repository "
-                    "(model.yaml); pass only an optional 'version' string"
-                )
-            else:
-                raise InvalidArgument(f"unknown load parameter {key!r}; the only one is 'version' (a string)")
+        version = load_version({key: _param_value(p) for key, p in request.parameters.items()})
         await self._dataplane.load(_model_name(request.model_name), version)
         return pb.RepositoryModelLoadResponse()
 
@@ -343,6 +332,25 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         # "unload_dependents" (always sent by tritonclient) has nothing to act on: there are no ensembles.
         await self._dataplane.unload(_model_name(request.model_name))
         return pb.RepositoryModelUnloadResponse()
+
+
+def load_version(values: Mapping[str, Any]) -> str:
+    """The version a repository load asks for ("" = the model's default) from its parameters (gRPC's
+    InferParameter values or REST's JSON): only "version", a string, is taken."""
+    version = ""
+    for key, value in values.items():
+        if key == "version":
+            if not isinstance(value, str):
+                raise InvalidArgument("load parameter 'version' must be a string (string_param)")
+            version = value
+        elif key == "config" or key.startswith("file:"):
+            raise InvalidArgument(
+                f"load parameter {key!r} is not supported: models come from the cluster's repository "
+                "(model.yaml); pass only an optional 'version' string"
+            )
+        else:
+            raise InvalidArgument(f"unknown load parameter {key!r}; the only one is 'version' (a string)")
+    return version
 
 
 def _setting_value(key: str, value: pb.LogSettingsRequest.SettingValue) -> bool | int | str:

@@ -46,6 +46,7 @@ from mcp_router.kserve import (
     SERVER_NAME,
     check_shape,
     infer_options,
+    load_version,
     model_config_proto,
     shm_reference,
     statistics_proto,
@@ -254,11 +255,7 @@ class RestFrontEnd:
         params = body.get("parameters") or {}
         if not isinstance(params, dict):
             raise InvalidArgument("parameters must be a JSON object")
-        if params.get("config"):
-            raise InvalidArgument(
-                "load with a config override is not supported; write the model's model.yaml"
-            )
-        await self._dataplane.load(request.match_info["model"])
+        await self._dataplane.load(request.match_info["model"], load_version(params))
         return web.Response(status=200)
 
     async def _unload(self, request: web.Request) -> web.Response:

@@ -562,8 +562,15 @@ class Reconciler:
             doc["versions"] = {v: {"running": r, "required": q} for v, (r, q) in status.versions.items()}
             doc.update(pending=status.pending, error=status.error, error_code=status.error_code)
         failure = self._errors.get(model)
-        if failure is not None and not doc["error"]:
+        # a load a worker refused for good is the cause: the placement error it leads to (the refused
+        # copy's record still counts on that worker) says less
+        if failure is not None and (not doc["error"] or doc["error_code"] == "RESOURCE_EXHAUSTED"):
             doc.update(error_code=failure[0], error=failure[1])
+        elif doc["error_code"] == "RESOURCE_EXHAUSTED" and any(k[0] == model for k in self._running):
+            # a load of it is still out: its answer (the worker's refusal, say) decides; not yet an error
+            doc.update(
+                pending=f"{doc['pending'] or 'loading'}; meanwhile: {doc['error']}", error="", error_code=""
+            )
         if model in self._retrying:
             doc["retrying"] = self._retrying[model]
         rejected = self._state.rejections.get(self._keys.model_traffic(model))
