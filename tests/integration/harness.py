@@ -173,18 +173,27 @@ class SmallMesh:
 
 @contextmanager
 def small_mesh(
-    tmp: Path, etcd_endpoint: str, repo: Path, model: str, versions: list[str], *, repository: bool = False
+    tmp: Path,
+    etcd_endpoint: str,
+    repo: Path,
+    model: str,
+    versions: list[str],
+    *,
+    repository: bool = False,
+    router_flags: dict[str, Any] | None = None,
 ) -> Iterator[SmallMesh]:
     """One worker, a scheduler and a router on a fresh prefix, with ``model``'s ``versions`` loaded and
     each one routed (KServe ModelReady); stopped in reverse. ``repository``: the router forwards
-    RepositoryModelLoad/Unload to the scheduler."""
+    RepositoryModelLoad/Unload to the scheduler; ``router_flags``: more of the router's flags."""
     prefix = f"/t{uuid.uuid4().hex[:8]}/mcp"
     worker = WorkerProcess(tmp, etcd_endpoint, repo, prefix=prefix).start()
     scheduler = router = None
     try:
         scheduler = SchedulerProcess(tmp, etcd_endpoint, prefix=prefix).start()
         target = scheduler.endpoints["grpc"] if repository else ""
-        router = RouterProcess(tmp, etcd_endpoint, prefix=prefix, scheduler=target).start()
+        router = RouterProcess(
+            tmp, etcd_endpoint, prefix=prefix, scheduler=target, **(router_flags or {})
+        ).start()
         spec = model_pb2.ModelSpec(model=model, versions=versions, replicas=1)
         control_pb2_grpc.ModelControlStub(scheduler.channel()).LoadModel(
             control_pb2.LoadModelRequest(spec=spec), timeout=60

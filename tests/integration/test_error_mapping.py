@@ -270,13 +270,8 @@ class Row:
     same_text: bool = True  # both doors answer the very same message
     still: tuple[str, str] = ("demo-mlp", "1")  # a model/version that must serve afterwards
     http: int | None = None  # an HTTP status other than the table's, and why (see the row)
-    known_bug: str = ""  # why the row fails today (an xfail until that is fixed)
 
 
-MASKED = (
-    "scheduler: a load the worker refuses for good is often answered RESOURCE_EXHAUSTED 'cannot place "
-    "...: no eligible worker: <w> already holds a copy' (the refused copy's own record), not the refusal"
-)
 ROWS = [
     Row(InvalidArgument, "input-of-the-wrong-shape", infer("demo-mlp", "1", X[:, :63]),
         "model demo-mlp/1: input INPUT0: expected shape [-1, 64], got [2, 63]"),
@@ -341,12 +336,7 @@ def _serves(d: Doors, repo: Path, model: str, version: str) -> None:
     np.testing.assert_allclose(np.array(out["data"], np.float32).reshape(1, 16), want, rtol=1e-5)
 
 
-def _case(row: Row) -> Any:
-    marks = [pytest.mark.xfail(reason=row.known_bug, raises=AssertionError)] if row.known_bug else []
-    return pytest.param(row, id=f"{row.error.__name__}-{row.cause}", marks=marks)
-
-
-@pytest.mark.parametrize("row", [_case(r) for r in ROWS])
+@pytest.mark.parametrize("row", [pytest.param(r, id=f"{r.error.__name__}-{r.cause}") for r in ROWS])
 def test_each_error_gets_its_status_and_message_through_both_doors(doors, repo, row):
     with row.during(doors):
         before = _state(doors)
@@ -369,11 +359,13 @@ def test_each_error_gets_its_status_and_message_through_both_doors(doors, repo, 
 #: Classes with no row, and why. A new MCPError class needs a row above or a line here.
 NO_ROW = {
     "FailedPrecondition": "the router raises none; the worker's (a backend that cannot run there, e.g. cuda "
-    "without pycuda) reaches a RepositoryModelLoad as RESOURCE_EXHAUSTED 'cannot place ...: already holds "
-    "a copy' (MASKED's bug, every time on one worker); the scheduler's (unloading a version that takes "
-    "traffic) needs a version, and the router's unload sends none",
-    "Aborted": "a sequence whose worker is gone: it needs a worker restarted mid-sequence, which this "
-    "module's one-worker mesh cannot spare (not covered here, though a client can meet it)",
+    "without pycuda) is not a permanent load error, so the scheduler tries other workers and a "
+    "RepositoryModelLoad ends at its deadline; the scheduler's (unloading a version that takes traffic) "
+    "needs a version, and the router's unload sends none",
+    "Aborted": "a sequence whose worker is gone (ABORTED, HTTP 409) needs a worker restarted mid-sequence, "
+    "which this module's one-worker mesh cannot spare: test_protocol_types' "
+    "test_a_sequence_whose_worker_restarted_gets_an_error_in_band_never_a_silent_reroute drives it through "
+    "both doors",
 }
 
 

@@ -238,6 +238,8 @@ def test_a_sequence_whose_worker_restarted_gets_an_error_in_band_never_a_silent_
         assert _script(url, "seq", "42", "--start")["status"] == "OK"
         assert _script(url, "seq", "42")["status"] == "OK"  # the sequence runs on
         assert _script(url, "seq", "43", "--start")["status"] == "OK"
+        rest = m.router.endpoints["rest"]
+        assert _post(rest, "/v2/models/demo-mlp/infer", _rest_seq(44, start=True))[0] == 200
         old = m.worker
         old.kill()  # kill -9, then the same worker id comes back (a new incarnation, its state gone)
         m.worker = WorkerProcess(tmp_path, etcd_endpoint, repo, prefix=old.prefix, worker_id=old.worker_id)
@@ -262,7 +264,16 @@ def test_a_sequence_whose_worker_restarted_gets_an_error_in_band_never_a_silent_
         # on a stream the same fault is an answer on the stream (in band)
         in_band = _script(url, "seq", "43", "--stream")
         assert in_band["status"] == "ERROR" and "sequence 43 of model demo-mlp" in in_band["message"]
+        status, doc = _post(rest, "/v2/models/demo-mlp/infer", _rest_seq(44))  # and through REST: 409
+        assert status == 409 and "sequence 44 of model demo-mlp ran on worker" in doc["error"]
         assert _script(url, "seq", "42", "--start", "--end")["status"] == "OK"  # a new start: placed afresh
+
+
+def _rest_seq(sequence: int, *, start: bool = False) -> dict:
+    return {
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 64], "data": [1.0] * 64}],
+        "parameters": {"sequence_id": sequence, "sequence_start": start},
+    }
 
 
 def test_a_sequence_stays_on_its_worker_when_the_ring_changes(tmp_path, etcd_endpoint):

@@ -484,7 +484,7 @@ async def test_defaults_and_the_clients_id_only_echoed(svc, dp):
     assert (await svc.ModelInfer(req, None)).id == "0"
     assert kwargs == {
         "routing_key": "", "priority": 0, "timeout_s": None, "outputs": (), "parameters": {},
-        "sequence": None, "on_partial": None,
+        "sequence": None, "on_partial": None, "trace": None,
     }  # fmt: skip
 
 

@@ -59,6 +59,9 @@ class RouterConfig:
     stats_window_s: float = 30.0
     stats_interval_s: float = 1.0
     stats_lease_ttl_s: int = 10
+    #: Where TraceSetting's traces go (Triton's JSON trace file); empty: tracing cannot be turned on.
+    #: Only this configuration sets it: clients change the other trace settings.
+    trace_file: str = ""
     #: gRPC server threads are not used (grpc.aio); this bounds concurrent RPCs.
     max_concurrent_rpcs: int = 4096
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mcp_router.trace import Trace
+
 __all__ = [
     "BatchSizeStats",
     "Batching",
@@ -186,13 +188,15 @@ class DataPlane(abc.ABC):
         parameters: Mapping[str, str] = field(default_factory=dict),  # type: ignore[assignment]
         sequence: SequenceFlags | None = None,
         on_partial: Callable[[InferResult], None] | None = None,
+        trace: Trace | None = None,
     ) -> InferResult:
         """Route and run one request; errors are MCPErrors (``NotFound``, ``InvalidArgument``, ...).
         ``outputs`` (empty: all) are checked here: an unknown name is ``InvalidArgument``, and the result
         holds the named ones that were computed (breaker level 2 may leave a secondary one out).
         ``parameters`` reach the worker's backend. A ``sequence``'s requests all go to the worker its
         start went to, or fail ``Aborted`` once that worker is gone. A decoupled model needs
-        ``on_partial``: it gets each answer before the last, which is the result (often empty)."""
+        ``on_partial``: it gets each answer before the last, which is the result (often empty). A
+        ``trace`` (sampled by TraceSetting) gets the hops: FORWARD_START and FORWARD_END per worker tried."""
 
     @abc.abstractmethod
     def index(self) -> list[ModelIndexEntry]: ...

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from mcp_router import logsettings
+from mcp_router import logsettings, trace
 from mcp_router.dataplane import (
     DataPlane,
     Duration,
@@ -46,7 +46,7 @@ from mcpapi.kserve import grpc_service_pb2 as pb
 from mcpapi.kserve import grpc_service_pb2_grpc as pb_grpc
 from mcpapi.kserve import model_config_pb2 as mc
 from mcpcore import dtypes
-from mcpcore.errors import Internal, InvalidArgument, MCPError, Unavailable, log_unexpected
+from mcpcore.errors import Internal, InvalidArgument, MCPError, NotFound, Unavailable, log_unexpected
 
 __all__ = [
     "EXTENSIONS",
@@ -61,18 +61,23 @@ __all__ = [
     "model_config_proto",
     "shm_reference",
     "statistics_proto",
+    "trace_settings",
 ]
 
 SERVER_NAME = "mcpmesh"
 #: Protocol extensions served (ServerMetadata): Triton's model repository (index, load, unload), model
 #: configuration (ModelConfig), statistics (ModelStatistics), system shared memory, binary tensor data
-#: (REST) and logging (LogSettings: the router's own log level).
+#: (REST), request parameters (to the backends), sequences (sequence_id/start/end, sticky), trace
+#: (TraceSetting: Triton's JSON trace file) and logging (LogSettings: the router's own log level).
 EXTENSIONS = (
     "model_repository",
     "model_configuration",
     "statistics",
     "system_shared_memory",
     "binary_tensor_data",
+    "parameters",
+    "sequence",
+    "trace",
     "logging",
 )
 STREAM_IN_FLIGHT = 1024  # requests of one ModelStreamInfer stream running at once
@@ -114,10 +119,18 @@ _CONSUMED_PARAMETERS = frozenset({"routing_key", "priority", "timeout", EMPTY_FI
 class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
     """The KServe V2 service; register with ``add_GRPCInferenceServiceServicer_to_server``."""
 
-    def __init__(self, dataplane: DataPlane, *, version: str, shm: SharedMemory | None = None) -> None:
+    def __init__(
+        self,
+        dataplane: DataPlane,
+        *,
+        version: str,
+        shm: SharedMemory | None = None,
+        tracer: trace.Tracer | None = None,
+    ) -> None:
         self._dataplane = dataplane
         self._version = version
         self._shm = shm if shm is not None else SharedMemory()
+        self._tracer = tracer if tracer is not None else trace.Tracer()
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=self._dataplane.live())
@@ -242,19 +255,26 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
             def on_partial(result: InferResult) -> None:
                 send(_encode_response(result, request_id, requested))
 
-        result = await self._dataplane.infer(
-            request.model_name,
-            request.model_version,
-            request_id,
-            inputs,
-            routing_key=options.routing_key,
-            priority=options.priority,
-            timeout_s=options.timeout_s,
-            outputs=requested,
-            parameters=options.parameters,
-            sequence=options.sequence,
-            on_partial=on_partial,
-        )
+        traced = trace.begin(self._tracer, request.model_name, request.model_version, request_id, inputs)
+        try:
+            result = await self._dataplane.infer(
+                request.model_name,
+                request.model_version,
+                request_id,
+                inputs,
+                routing_key=options.routing_key,
+                priority=options.priority,
+                timeout_s=options.timeout_s,
+                outputs=requested,
+                parameters=options.parameters,
+                sequence=options.sequence,
+                on_partial=on_partial,
+                trace=traced,
+            )
+        except BaseException:
+            trace.end(traced)
+            raise
+        trace.end(traced, result.outputs)
         return _encode_response(result, request_id, requested, into_shm, self._shm)
 
     # -- shared memory ---------------------------------------------------------------------------------
@@ -288,6 +308,13 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
         raise NO_CUDA_SHM
+
+    # -- tracing ---------------------------------------------------------------------------------------
+    async def TraceSetting(self, request: pb.TraceSettingRequest, context: Any) -> pb.TraceSettingResponse:
+        changes = {key: list(v.value) for key, v in request.settings.items()}  # [] clears one
+        settings = trace_settings(self._tracer, self._dataplane, request.model_name, changes)
+        value = pb.TraceSettingResponse.SettingValue
+        return pb.TraceSettingResponse(settings={k: value(value=v) for k, v in settings.items()})
 
     # -- logging ---------------------------------------------------------------------------------------
     async def LogSettings(self, request: pb.LogSettingsRequest, context: Any) -> pb.LogSettingsResponse:
@@ -332,6 +359,16 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         # "unload_dependents" (always sent by tritonclient) has nothing to act on: there are no ensembles.
         await self._dataplane.unload(_model_name(request.model_name))
         return pb.RepositoryModelUnloadResponse()
+
+
+def trace_settings(
+    tracer: trace.Tracer, dataplane: DataPlane, model: str, changes: Mapping[str, Any]
+) -> dict[str, list[str]]:
+    """A client's TraceSetting (either door): the settings in force (global, or ``model``'s) after
+    ``changes``, which may be none; a model must be one the cluster has."""
+    if model and not any(e.name == model for e in dataplane.index()):
+        raise NotFound(f"model {model} is not loaded; its trace settings can be set once it is")
+    return trace.client_update(tracer, changes, model) if changes else tracer.settings(model)
 
 
 def load_version(values: Mapping[str, Any]) -> str:

@@ -38,7 +38,7 @@ import numpy as np
 from aiohttp import web
 from google.protobuf import json_format
 
-from mcp_router import logsettings
+from mcp_router import logsettings, trace
 from mcp_router.dataplane import DataPlane, InferResult
 from mcp_router.kserve import (
     EXTENSIONS,
@@ -50,6 +50,7 @@ from mcp_router.kserve import (
     model_config_proto,
     shm_reference,
     statistics_proto,
+    trace_settings,
 )
 from mcp_router.shm import SharedMemory
 from mcpcore import dtypes
@@ -132,10 +133,12 @@ class RestFrontEnd:
         version: str,
         max_body_bytes: int = 64 << 20,
         shm: SharedMemory | None = None,
+        tracer: trace.Tracer | None = None,
         drain_timeout_s: float = 30.0,
     ) -> None:
         self._dataplane = dataplane
         self._shm = shm if shm is not None else SharedMemory()
+        self._tracer = tracer if tracer is not None else trace.Tracer()
         self._version = version
         self._max_body = max_body_bytes
         self._runner: web.AppRunner | None = None
@@ -158,6 +161,10 @@ class RestFrontEnd:
             web.post("/v2/systemsharedmemory/region/{region}/register", self._shm_register),
             web.post("/v2/systemsharedmemory/unregister", self._shm_unregister),
             web.post("/v2/systemsharedmemory/region/{region}/unregister", self._shm_unregister),
+            web.get("/v2/trace/setting", self._trace),
+            web.post("/v2/trace/setting", self._trace),
+            web.get(model + "/trace/setting", self._trace),
+            web.post(model + "/trace/setting", self._trace),
             web.get("/v2/logging", self._logging),
             web.post("/v2/logging", self._logging),
             web.get("/v2/cudasharedmemory/status", self._no_cuda_shm),
@@ -287,6 +294,14 @@ class RestFrontEnd:
     async def _no_cuda_shm(self, request: web.Request) -> web.Response:
         raise NO_CUDA_SHM
 
+    async def _trace(self, request: web.Request) -> web.Response:
+        """Triton's REST form: values are a string or a list of strings (null clears one); answers give
+        each setting as a string, trace_level as a list."""
+        body = await _json_body(request, allow_empty=True) if request.method == "POST" else {}
+        model = request.match_info.get("model", "")
+        settings = trace_settings(self._tracer, self._dataplane, model, body)
+        return web.json_response({k: v if k == "trace_level" else v[0] for k, v in settings.items()})
+
     async def _logging(self, request: web.Request) -> web.Response:
         changes = await _json_body(request, allow_empty=True) if request.method == "POST" else {}
         return web.json_response(logsettings.apply(changes) if changes else logsettings.current())
@@ -307,18 +322,25 @@ class RestFrontEnd:
         request_id = header.get("id", "")
         if not isinstance(request_id, str):
             raise InvalidArgument("id must be a string")
-        result = await self._dataplane.infer(
-            model,
-            version,
-            request_id,
-            inputs,
-            routing_key=options.routing_key,
-            priority=options.priority,
-            timeout_s=options.timeout_s,
-            outputs=tuple(outputs),
-            parameters=options.parameters,
-            sequence=options.sequence,
-        )
+        traced = trace.begin(self._tracer, model, version, request_id, inputs)
+        try:
+            result = await self._dataplane.infer(
+                model,
+                version,
+                request_id,
+                inputs,
+                routing_key=options.routing_key,
+                priority=options.priority,
+                timeout_s=options.timeout_s,
+                outputs=tuple(outputs),
+                parameters=options.parameters,
+                sequence=options.sequence,
+                trace=traced,
+            )
+        except BaseException:
+            trace.end(traced)
+            raise
+        trace.end(traced, result.outputs)
         return _encode_result(result, request_id, outputs, binary_out, into_shm=into_shm, shm=self._shm)
 
 

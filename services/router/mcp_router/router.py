@@ -50,6 +50,7 @@ from mcp_router.forwarder import Forwarder, MayHaveStarted, NotSent
 from mcp_router.snapshot import ModelRoute, Snapshots
 from mcp_router.split import SmoothWeightedRoundRobin, choose_version
 from mcp_router.stats import UNKNOWN, RequestStats
+from mcp_router.trace import Trace
 from mcpapi.v2 import tensor_pb2
 from mcpcore import signature, wire
 from mcpcore.errors import (
@@ -135,6 +136,36 @@ class _Pin:
     worker: str
     incarnation: str
     used: float
+
+
+@dataclass(slots=True)
+class _Request:
+    """What every try of one request sends, and where a sequence or a stream wants it."""
+
+    model: str
+    version: str
+    key: str  # the ring key: the routing key, the sequence's id, or the request's own id
+    rid: str  # this router's id on the wire
+    inputs: Mapping[str, np.ndarray]
+    priority: int
+    flags: int
+    features: tuple[str, ...]  # breaker level 2's features off
+    nbytes: int
+    parameters: Mapping[str, str]
+    sequence: SequenceFlags | None
+    pin: _Pin | None
+    on_partial: Callable[[InferResult], None] | None
+    trace: Trace | None
+
+    def header(self, left_s: float) -> tensor_pb2.TensorHeader:
+        header = tensor_pb2.TensorHeader(
+            kind=tensor_pb2.KIND_REQUEST, request_id=self.rid, model=self.model, version=self.version,
+            timeout_us=max(1, int(left_s * 1e6)), priority=self.priority, flags=self.flags,
+        )  # fmt: skip
+        header.parameters.update(self.parameters)
+        if self.features:
+            header.parameters[wire.PARAM_FEATURES_OFF] = ",".join(self.features)
+        return header
 
 
 def _lost(model: str, seq: SequenceFlags, pin: _Pin, why: str) -> Aborted:
@@ -359,6 +390,7 @@ class Router(DataPlane):
         parameters: Mapping[str, str] | None = None,
         sequence: SequenceFlags | None = None,
         on_partial: Callable[[InferResult], None] | None = None,
+        trace: Trace | None = None,
     ) -> InferResult:
         """``request_id`` is the client's: only echoed by the front ends, never put on the wire."""
         started = time.perf_counter()
@@ -391,6 +423,7 @@ class Router(DataPlane):
                 parameters=parameters or {},
                 sequence=sequence,
                 on_partial=on_partial,
+                trace=trace,
             )
             if outputs and result.outputs:  # a decoupled model's last reply may hold none
                 result = _select(route, result, outputs)
@@ -414,6 +447,7 @@ class Router(DataPlane):
         parameters: Mapping[str, str],
         sequence: SequenceFlags | None,
         on_partial: Callable[[InferResult], None] | None,
+        trace: Trace | None,
     ) -> InferResult:
         model = route.name
         pin = self._pinned(route, sequence, version)
@@ -436,12 +470,13 @@ class Router(DataPlane):
         key = routing_key or rid
         nbytes = sum(a.nbytes for a in inputs.values())
         features = self._snap.table.features_off if flags & FLAG_SECONDARY_OFF else ()
+        req = _Request(
+            model, chosen, key, rid, inputs, priority=priority, flags=flags, features=features,
+            nbytes=nbytes, parameters=parameters, sequence=sequence, pin=pin, on_partial=on_partial,
+            trace=trace,
+        )  # fmt: skip
         try:
-            return await self._attempt(
-                route, chosen, key=key, rid=rid, inputs=inputs, attempts=attempts,
-                priority=priority, flags=flags, features=features, nbytes=nbytes, parameters=parameters,
-                sequence=sequence, pin=pin, on_partial=on_partial,
-            )  # fmt: skip
+            return await self._attempt(route, req, attempts)
         finally:
             if sequence is not None and sequence.end:
                 self._sequences.pop((model, sequence.id), None)
@@ -488,26 +523,9 @@ class Router(DataPlane):
             for k in idle:
                 del self._sequences[k]
 
-    async def _attempt(
-        self,
-        route: ModelRoute,
-        chosen: str,
-        *,
-        key: str,
-        rid: str,
-        inputs: Mapping[str, np.ndarray],
-        attempts: _Attempts,
-        priority: int,
-        flags: int,
-        features: tuple[str, ...],
-        nbytes: int,
-        parameters: Mapping[str, str],
-        sequence: SequenceFlags | None,
-        pin: _Pin | None,
-        on_partial: Callable[[InferResult], None] | None,
-    ) -> InferResult:
+    async def _attempt(self, route: ModelRoute, req: _Request, attempts: _Attempts) -> InferResult:
         """Send until answered, as the delivery rules allow (the module's docstring)."""
-        model = route.name
+        model, chosen, pin, trace = route.name, req.version, req.pin, req.trace
         while True:
             route = self._snap.table.models.get(model, route)
             try:
@@ -516,7 +534,7 @@ class Router(DataPlane):
                         raise attempts.final(_no_worker(model, chosen))
                     worker = pin.worker
                 else:
-                    worker = self._pick(route, chosen, key, attempts.tried)
+                    worker = self._pick(route, chosen, req.key, attempts.tried)
             except Unavailable as err:  # none left: the last worker's answer says the most
                 raise attempts.final(err) from None
             left = attempts.deadline - time.monotonic()
@@ -524,46 +542,56 @@ class Router(DataPlane):
                 raise attempts.final(DeadlineExceeded(f"request to {model}/{chosen} ran out of time"))
             if attempts.again:
                 self._stats.retried(attempts.again)
-            header = tensor_pb2.TensorHeader(
-                kind=tensor_pb2.KIND_REQUEST, request_id=rid, model=model, version=chosen,
-                timeout_us=max(1, int(left * 1e6)), priority=priority, flags=flags,
-            )  # fmt: skip
-            header.parameters.update(parameters)
-            partial = (
-                None if on_partial is None else self._partial(model, chosen, worker, attempts, on_partial)
-            )
-            if features:
-                header.parameters[wire.PARAM_FEATURES_OFF] = ",".join(features)
+            partial = None
+            if req.on_partial is not None:
+                partial = self._partial(model, chosen, worker, attempts, req.on_partial)
+            if trace is not None:
+                trace.attribute("worker", worker)
+                trace.mark("FORWARD_START")
             try:
                 reply = await self._fwd.send(
-                    worker, header, inputs, timeout_s=left, nbytes=nbytes, on_partial=partial
+                    worker,
+                    req.header(left),
+                    req.inputs,
+                    timeout_s=left,
+                    nbytes=req.nbytes,
+                    on_partial=partial,
                 )
             except NotSent as err:  # never left this router: another worker may take it, no budget
                 attempts.failed(worker, not_started(err), "not_sent")
                 continue
             except MayHaveStarted as err:
-                if sequence is not None:
-                    self._sequences.pop((model, sequence.id), None)
-                    lost = _Pin(chosen, worker, "", 0.0)
-                    raise _lost(model, sequence, lost, "failed while the request was in flight") from None
-                if not self._resend(route, chosen, worker, attempts):
-                    self._stats.may_have_started(model)
-                    raise Unavailable(
-                        f"{err.message}; it may have started, so it was not sent again (model {model} is "
-                        "not idempotent, or its one resend or the retry budget is spent): retry only if "
-                        "running it twice is safe"
-                    ) from None
+                self._may_have_started(route, req, worker, attempts, err)
                 continue
-            if sequence is not None and pin is None:  # placed where its first answer came from
-                self._pin(model, sequence, chosen, worker)
+            if trace is not None:
+                trace.mark("FORWARD_END")
+            if req.sequence is not None and pin is None:  # placed where its first answer came from
+                self._pin(model, req.sequence, chosen, worker)
             if not reply.header.status_code:
                 return InferResult(model, reply.header.version or chosen, worker, reply.named())
-            if pin is not None and reply.header.flags & wire.FLAG_DRAINING:
-                self._sequences.pop((model, sequence.id), None)  # type: ignore[union-attr]
-                raise _lost(model, sequence, pin, "is draining")  # type: ignore[arg-type]
-            if pin is not None:  # not started there, or failed: the answer, never another worker
-                wire.raise_for_status(reply.header)
+            if pin is not None and req.sequence is not None:
+                if reply.header.flags & wire.FLAG_DRAINING:
+                    self._sequences.pop((model, req.sequence.id), None)
+                    raise _lost(model, req.sequence, pin, "is draining")
+                wire.raise_for_status(reply.header)  # not started there, or failed: never another worker
             self._refused(worker, reply.header, attempts)
+
+    def _may_have_started(
+        self, route: ModelRoute, req: _Request, worker: str, attempts: _Attempts, err: MayHaveStarted
+    ) -> None:
+        """The worker's link failed while it held the request: return to send it once more, or raise."""
+        model = route.name
+        if req.sequence is not None:
+            self._sequences.pop((model, req.sequence.id), None)
+            lost = _Pin(req.version, worker, "", 0.0)
+            raise _lost(model, req.sequence, lost, "failed while the request was in flight") from None
+        if not self._resend(route, req.version, worker, attempts):
+            self._stats.may_have_started(model)
+            raise Unavailable(
+                f"{err.message}; it may have started, so it was not sent again (model {model} is not "
+                "idempotent, or its one resend or the retry budget is spent): retry only if running it "
+                "twice is safe"
+            ) from None
 
     @staticmethod
     def _partial(

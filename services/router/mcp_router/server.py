@@ -27,6 +27,7 @@ from mcp_router.servicer_v2 import InferenceV1, InferenceV2
 from mcp_router.shm import SharedMemory
 from mcp_router.snapshot import RoutingTable, Snapshots
 from mcp_router.stats import RequestStats, RouterMetrics, StatsPublisher
+from mcp_router.trace import Tracer
 from mcpapi.kserve import grpc_service_pb2_grpc as kserve_grpc
 from mcpapi.v1 import inference_pb2_grpc as v1_grpc
 from mcpapi.v2 import control_pb2, control_pb2_grpc, model_pb2
@@ -107,11 +108,15 @@ class RouterServer:
             ],
         )
         self.shm = SharedMemory()  # system shared memory regions: one registry for both front doors
+        self.tracer = Tracer()  # TraceSetting: one for both front doors and the request path
+        if config.trace_file:
+            self.tracer.update({"trace_file": [config.trace_file]})  # a bad path stops the start here
         self.rest = RestFrontEnd(
             self.router,
             version=VERSION,
             max_body_bytes=config.rest_max_body_bytes,
             shm=self.shm,
+            tracer=self.tracer,
             drain_timeout_s=config.drain_timeout_s,
         )
         self._metrics_server: Any = None
@@ -128,7 +133,7 @@ class RouterServer:
         self.grpc.add(v2_grpc.add_InferenceServicer_to_server, InferenceV2(self.router))
         self.grpc.add(
             kserve_grpc.add_GRPCInferenceServiceServicer_to_server,
-            KServeServicer(self.router, version=VERSION, shm=self.shm),
+            KServeServicer(self.router, version=VERSION, shm=self.shm, tracer=self.tracer),
         )
         port = await self.grpc.start(cfg.grpc_host, cfg.grpc_port)
         rest_port = await self.rest.start(cfg.rest_host, cfg.rest_port) if cfg.rest_port >= 0 else None
@@ -156,6 +161,7 @@ class RouterServer:
         await self.snapshots.stop()
         await self.forwarder.close()
         self.shm.close()
+        self.tracer.flush()
         await self.store.close()
         await self._lag.stop()
         if self._metrics_server is not None:

@@ -6,8 +6,9 @@ take, -1 no limit), log_frequency, trace_mode (triton only). A model's settings 
 key by key; None or [] clears a model's key (the global one applies again) or, globally, restores the
 default. As in Triton, each set of settings in force (the global one, and one per model that sets a key)
 samples on its own: every trace_rate-th of its requests while its trace_count lasts; changing it starts
-that count again, and a global change re-reads what its models inherit. Unlike Triton since 24.05 (which
-refuses it over the network), trace_file may be set here, to a file in an existing directory.
+that count again, and a global change re-reads what its models inherit. trace_file is set here by the
+router's own configuration (``update``); a client's change (``client_update``, both front doors) may not
+name it, as in Triton since 24.05: a client never chooses a file the router writes.
 
 The file is Triton's JSON array: per trace ``{"id", "model_name", "model_version"[, "request_id"]}`` (and
 our attributes), then in order one ``{"id", "timestamps": [{"name", "ns"}]}`` per mark and one
@@ -48,7 +49,7 @@ import numpy as np
 from mcpcore import dtypes
 from mcpcore.errors import InvalidArgument
 
-__all__ = ["KEYS", "LEVELS", "Trace", "Tracer"]
+__all__ = ["KEYS", "LEVELS", "Trace", "Tracer", "begin", "client_update", "end"]
 
 log = logging.getLogger(__name__)
 
@@ -313,6 +314,41 @@ class Trace:
             return
         records, self._records = self._records, None
         self._tracer._collect(self._scope, ",".join((_json(self._head), *records)))
+
+
+def begin(
+    tracer: Tracer, model: str, version: str, request_id: str, inputs: Mapping[str, np.ndarray]
+) -> Trace | None:
+    """A front door's request, as it reaches the data plane: its trace (when sampled), REQUEST_START
+    marked and the inputs recorded."""
+    trace = tracer.start(model, version, request_id)
+    if trace is not None:
+        trace.mark("REQUEST_START")
+        for name, array in inputs.items():
+            trace.tensor("INPUT", name, array)
+    return trace
+
+
+def end(trace: Trace | None, outputs: Mapping[str, np.ndarray] | None = None) -> None:
+    """The request answered (``outputs``) or failed (None): REQUEST_END marked, and the trace done."""
+    if trace is not None:
+        for name, array in (outputs or {}).items():
+            trace.tensor("OUTPUT", name, array)
+        trace.mark("REQUEST_END")
+        trace.finish()
+
+
+def client_update(
+    tracer: Tracer, changes: Mapping[str, Sequence[str] | None], model: str = ""
+) -> dict[str, list[str]]:
+    """A change a client asked for (TraceSetting, ``/v2[/models/{m}]/trace/setting``): any setting but
+    trace_file, which only the router's configuration sets."""
+    if "trace_file" in changes:
+        raise InvalidArgument(
+            "trace_file cannot be set over the network (as in Triton): the router's configuration names "
+            "it (trace_file, MCP_ROUTER_TRACE_FILE); set the other settings here"
+        )
+    return tracer.update(changes, model)
 
 
 # --- values in ----------------------------------------------------------------------------------------

@@ -125,6 +125,11 @@ class GRPCInferenceServiceStub:
                 request_serializer=mcpapi_dot_kserve_dot_grpc__service__pb2.CudaSharedMemoryUnregisterRequest.SerializeToString,
                 response_deserializer=mcpapi_dot_kserve_dot_grpc__service__pb2.CudaSharedMemoryUnregisterResponse.FromString,
                 _registered_method=True)
+        self.TraceSetting = channel.unary_unary(
+                '/inference.GRPCInferenceService/TraceSetting',
+                request_serializer=mcpapi_dot_kserve_dot_grpc__service__pb2.TraceSettingRequest.SerializeToString,
+                response_deserializer=mcpapi_dot_kserve_dot_grpc__service__pb2.TraceSettingResponse.FromString,
+                _registered_method=True)
         self.LogSettings = channel.unary_unary(
                 '/inference.GRPCInferenceService/LogSettings',
                 request_serializer=mcpapi_dot_kserve_dot_grpc__service__pb2.LogSettingsRequest.SerializeToString,
@@ -263,6 +268,13 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TraceSetting(self, request, context):
+        """Tracing: reads the trace settings (global, or a model's), and changes those the request names.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def LogSettings(self, request, context):
         """Logging: reads the log settings, and changes those the request names.
         """
@@ -362,6 +374,11 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.CudaSharedMemoryUnregister,
                     request_deserializer=mcpapi_dot_kserve_dot_grpc__service__pb2.CudaSharedMemoryUnregisterRequest.FromString,
                     response_serializer=mcpapi_dot_kserve_dot_grpc__service__pb2.CudaSharedMemoryUnregisterResponse.SerializeToString,
+            ),
+            'TraceSetting': grpc.unary_unary_rpc_method_handler(
+                    servicer.TraceSetting,
+                    request_deserializer=mcpapi_dot_kserve_dot_grpc__service__pb2.TraceSettingRequest.FromString,
+                    response_serializer=mcpapi_dot_kserve_dot_grpc__service__pb2.TraceSettingResponse.SerializeToString,
             ),
             'LogSettings': grpc.unary_unary_rpc_method_handler(
                     servicer.LogSettings,
@@ -856,6 +873,33 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/CudaSharedMemoryUnregister',
             mcpapi_dot_kserve_dot_grpc__service__pb2.CudaSharedMemoryUnregisterRequest.SerializeToString,
             mcpapi_dot_kserve_dot_grpc__service__pb2.CudaSharedMemoryUnregisterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TraceSetting(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/TraceSetting',
+            mcpapi_dot_kserve_dot_grpc__service__pb2.TraceSettingRequest.SerializeToString,
+            mcpapi_dot_kserve_dot_grpc__service__pb2.TraceSettingResponse.FromString,
             options,
             channel_credentials,
             insecure,
