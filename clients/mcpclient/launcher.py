@@ -54,6 +54,8 @@ DEMO = [
     model_pb2.ModelSpec(model="demo-onnx", versions=["1"], replicas=1),
     model_pb2.ModelSpec(model="demo-mlp-enc", versions=["1"], replicas=1),
     model_pb2.ModelSpec(model="demo-stateful", versions=["1"], replicas=2),
+    model_pb2.ModelSpec(model="demo-strlen", versions=["1"], replicas=1),  # BYTES (KServe clients)
+    model_pb2.ModelSpec(model="demo-stream", versions=["1"], replicas=1),  # decoupled (ModelStreamInfer)
 ]
 
 
@@ -150,6 +152,7 @@ def up() -> int:
     env["MCP_WORKER_REPOSITORY"] = str(repo)
     env["MCP_WORKER_KEYRING"] = str(repo / "keyring.json")
     env["MCP_WORKER_CHECKPOINT_DIR"] = str((RUN / "checkpoints").resolve())
+    env.setdefault("MCP_ROUTER_TRACE_FILE", str((RUN / "trace.json").resolve()))  # TraceSetting writes here
     for name, (module, flags) in SERVICES.items():
         ready = _start(name, module, flags, env)
         print(f"started {name}: {json.dumps(ready)}")

@@ -240,33 +240,38 @@ def test_a_sequence_whose_worker_restarted_gets_an_error_in_band_never_a_silent_
         assert _script(url, "seq", "43", "--start")["status"] == "OK"
         rest = m.router.endpoints["rest"]
         assert _post(rest, "/v2/models/demo-mlp/infer", _rest_seq(44, start=True))[0] == 200
-        old = m.worker
-        old.kill()  # kill -9, then the same worker id comes back (a new incarnation, its state gone)
-        m.worker = WorkerProcess(tmp_path, etcd_endpoint, repo, prefix=old.prefix, worker_id=old.worker_id)
-        m.worker.start()
-        stub = pb_grpc.GRPCInferenceServiceStub(m.router.channel())
-        x = pb.ModelInferRequest(model_name="demo-mlp")
-        x.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 64])
-        x.raw_input_contents.append(np.ones((1, 64), "<f4").tobytes())
+        m.worker.kill()  # kill -9, then the same worker id comes back (a new incarnation, its state gone)
+        again = WorkerProcess(
+            tmp_path, etcd_endpoint, repo, prefix=m.worker.prefix, worker_id=m.worker.worker_id
+        )
+        try:
+            again.start()
+            stub = pb_grpc.GRPCInferenceServiceStub(m.router.channel())
+            x = pb.ModelInferRequest(model_name="demo-mlp")
+            x.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 64])
+            x.raw_input_contents.append(np.ones((1, 64), "<f4").tobytes())
 
-        def reloaded() -> bool:
-            try:
-                stub.ModelInfer(x, timeout=5)  # not a sequence: goes wherever it can
-                return True
-            except grpc.RpcError:
-                return False
+            def reloaded() -> bool:
+                try:
+                    stub.ModelInfer(x, timeout=5)  # not a sequence: goes wherever it can
+                    return True
+                except grpc.RpcError:
+                    return False
 
-        wait_for(reloaded, timeout_s=60, what="demo-mlp served by the restarted worker")
-        lost = _script(url, "seq", "42")
-        assert lost["status"] == "StatusCode.ABORTED"
-        assert "sequence 42 of model demo-mlp ran on worker" in lost["message"]
-        assert "start it again" in lost["message"]
-        # on a stream the same fault is an answer on the stream (in band)
-        in_band = _script(url, "seq", "43", "--stream")
-        assert in_band["status"] == "ERROR" and "sequence 43 of model demo-mlp" in in_band["message"]
-        status, doc = _post(rest, "/v2/models/demo-mlp/infer", _rest_seq(44))  # and through REST: 409
-        assert status == 409 and "sequence 44 of model demo-mlp ran on worker" in doc["error"]
-        assert _script(url, "seq", "42", "--start", "--end")["status"] == "OK"  # a new start: placed afresh
+            wait_for(reloaded, timeout_s=60, what="demo-mlp served by the restarted worker")
+            lost = _script(url, "seq", "42")
+            assert lost["status"] == "StatusCode.ABORTED"
+            assert "sequence 42 of model demo-mlp ran on worker" in lost["message"]
+            assert "start it again" in lost["message"]
+            # on a stream the same fault is an answer on the stream (in band)
+            in_band = _script(url, "seq", "43", "--stream")
+            assert in_band["status"] == "ERROR" and "sequence 43 of model demo-mlp" in in_band["message"]
+            status, doc = _post(rest, "/v2/models/demo-mlp/infer", _rest_seq(44))  # and through REST: 409
+            assert status == 409 and "sequence 44 of model demo-mlp ran on worker" in doc["error"]
+            placed_afresh = _script(url, "seq", "42", "--start", "--end")  # a new start
+            assert placed_afresh["status"] == "OK"
+        finally:
+            again.stop()  # small_mesh stops the worker it started, not this one
 
 
 def _rest_seq(sequence: int, *, start: bool = False) -> dict:
@@ -385,3 +390,34 @@ def test_a_stream_whose_worker_dies_part_way_ends_with_an_error_and_is_never_run
             assert _executions(idle, "demo-stream") == 0  # never sent again
         finally:
             second.stop()
+
+
+def test_tritonclients_shared_memory_utilities_carry_bytes_both_ways(mesh, http_client):
+    """Triton's own shm utilities (tritonclient.utils.shared_memory), as its examples use them: BYTES
+    in, INT64 and BYTES out, all in the client's region; nothing but JSON crosses HTTP."""
+    import tritonclient.utils.shared_memory as triton_shm  # noqa: PLC0415  (needs its native library)
+    from tritonclient.utils import serialize_byte_tensor  # noqa: PLC0415
+
+    text = TEXT[:3]
+    serialized = serialize_byte_tensor(text)  # BYTES go into a region serialized, as Triton's examples do
+    need_in = len(serialized.item())
+    key = f"/mcp-types-{uuid.uuid4().hex[:8]}"
+    region = triton_shm.create_shared_memory_region("types", key, need_in + 8 * 3 + 256)
+    try:
+        triton_shm.set_shared_memory_region(region, [serialized])
+        http_client.register_system_shared_memory("types", key, need_in + 8 * 3 + 256)
+        x = triton_http.InferInput("TEXT", [3], "BYTES")
+        x.set_shared_memory("types", need_in)
+        length = triton_http.InferRequestedOutput("LENGTH", binary_data=True)
+        length.set_shared_memory("types", 24, offset=need_in)
+        echo = triton_http.InferRequestedOutput("ECHO", binary_data=True)
+        echo.set_shared_memory("types", 256, offset=need_in + 24)
+        result = http_client.infer("demo-strlen", [x], outputs=[length, echo])
+        assert "data" not in result.get_output("LENGTH")  # its data is in the region, not in the reply
+        got = triton_shm.get_contents_as_numpy(region, np.int64, [3], offset=need_in)
+        assert got.tolist() == [len(t) for t in text]
+        back = triton_shm.get_contents_as_numpy(region, np.object_, [3], offset=need_in + 24)
+        assert [bytes(v) for v in back] == text.tolist()
+    finally:
+        http_client.unregister_system_shared_memory("types")
+        triton_shm.destroy_shared_memory_region(region)
