@@ -41,6 +41,7 @@ OUR_RPCS = {
     "CudaSharedMemoryStatus",
     "CudaSharedMemoryRegister",
     "CudaSharedMemoryUnregister",
+    "TraceSetting",
     "LogSettings",
     "RepositoryIndex",
     "RepositoryModelLoad",

@@ -62,6 +62,9 @@ def test_health_and_server_metadata(run):
             "statistics",
             "system_shared_memory",
             "binary_tensor_data",
+            "parameters",
+            "sequence",
+            "trace",
             "logging",
         ],
     }

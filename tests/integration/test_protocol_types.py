@@ -263,6 +263,8 @@ def test_a_sequence_whose_worker_restarted_gets_an_error_in_band_never_a_silent_
             assert lost["status"] == "StatusCode.ABORTED"
             assert "sequence 42 of model demo-mlp ran on worker" in lost["message"]
             assert "start it again" in lost["message"]
+            again_lost = _script(url, "seq", "42")  # and stays lost: never adopted by another worker
+            assert again_lost["status"] == "StatusCode.ABORTED"
             # on a stream the same fault is an answer on the stream (in band)
             in_band = _script(url, "seq", "43", "--stream")
             assert in_band["status"] == "ERROR" and "sequence 43 of model demo-mlp" in in_band["message"]

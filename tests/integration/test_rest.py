@@ -125,6 +125,10 @@ def test_repository_index_load_and_unload(rest):
          "unknown load parameter 'colour'"),
         ("/v2/repository/models/demo-mlp/load", {"parameters": {"config": "{}"}}, 400,
          "load parameter 'config' is not supported"),
+        ("/v2/models/demo-mlp/infer", {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 64],
+                                                   "data": [0.0] * 64}],
+                                       "parameters": {"tenant": {"a": 1}}}, 400,
+         "parameter tenant must be a string, a number or a bool, not a JSON dict"),
     ],
 )  # fmt: skip
 def test_each_bad_request_gets_its_status_and_a_message(rest, path, body, status, words):

@@ -99,7 +99,7 @@ def types(url: str) -> dict[str, Any]:
         url,
         [
             dict(model_name="demo-stream", inputs=[_n(3)], request_id="a", parameters={"delay_ms": 5}),
-            dict(model_name="demo-stream", inputs=[_n(2)], request_id="a"),  # the same id: told apart
+            dict(model_name="demo-stream", inputs=[_n(2)], request_id="a"),  # the same id twice: both run
             dict(model_name="demo-stream", inputs=[_n(4)], request_id="b"),
         ],
         9,

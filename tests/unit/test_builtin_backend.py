@@ -66,8 +66,25 @@ def test_chunks_answers_n_times_through_emit_and_reads_its_parameter():
 
 
 def test_a_decoupled_model_runs_each_request_alone():
-    config = model_config_from_dict({**CHUNKS, "max_batch_size": 0}, model="m", version="1")
+    batched = {
+        **CHUNKS, "max_batch_size": 8,
+        "inputs": [{"name": "N", "dtype": "INT32", "shape": [-1, 1]}],
+        "outputs": [{"name": "INDEX", "dtype": "INT32", "shape": [-1, 1]}],
+    }  # fmt: skip
+    config = model_config_from_dict(batched, model="m", version="1")
     assert config.decoupled and BatchConfig.from_model_config(config).max_batch_size == 0
+    assert BatchConfig.from_model_config(model_config_from_dict({**batched, "decoupled": False}, model="m",
+                                                                version="1")).max_batch_size == 8  # fmt: skip
+
+
+def test_only_builtin_models_are_decoupled():
+    doc = {
+        "backend": "onnx", "decoupled": True, "weights": "model.onnx",
+        "inputs": [{"name": "X", "dtype": "FP32", "shape": [1]}],
+        "outputs": [{"name": "Y", "dtype": "FP32", "shape": [1]}],
+    }  # fmt: skip
+    with pytest.raises(InvalidArgument, match="backend onnx answers once per request"):
+        model_config_from_dict(doc, model="m", version="1")
 
 
 @pytest.mark.parametrize(

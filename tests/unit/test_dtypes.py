@@ -3,7 +3,7 @@ import pytest
 
 from mcpapi.v2 import tensor_pb2
 from mcpcore import dtypes
-from mcpcore.errors import InvalidArgument
+from mcpcore.errors import Internal, InvalidArgument
 
 
 @pytest.mark.parametrize("name", sorted(dtypes.NAMES))
@@ -43,10 +43,11 @@ def test_bytes_are_length_prefixed_both_ways():
 @pytest.mark.parametrize(
     ("raw", "shape", "words"),
     [
-        (b"\x02\x00\x00\x00ab", (2,), "ends after 1 of 2 elements"),
+        (b"\x02\x00\x00\x00ab\x00\x00", (2,), "ends after 1 of 2 elements"),
         (b"\x05\x00\x00\x00ab", (1,), "says 5 bytes but only 2 remain"),
         (b"\x01\x00\x00\x00ab", (1,), "1 bytes left over"),
-        (b"\x01\x00", (1,), "ends after 0 of 1"),
+        (b"\x01\x00", (1,), "1 BYTES elements cannot fit in 2 bytes"),
+        (b"", (100_000_000,), "100000000 BYTES elements cannot fit in 0 bytes"),  # refused before allocating
     ],
 )
 def test_malformed_bytes_are_refused_naming_the_fault(raw, shape, words):
@@ -54,8 +55,8 @@ def test_malformed_bytes_are_refused_naming_the_fault(raw, shape, words):
         dtypes.from_bytes("BYTES", raw, shape, "input TEXT")
 
 
-def test_a_bytes_element_of_another_type_is_refused():
-    with pytest.raises(InvalidArgument, match="is int, not bytes or str"):
+def test_a_bytes_element_of_another_type_is_an_internal_error():  # only a backend can make one
+    with pytest.raises(Internal, match="is int, not bytes or str"):
         dtypes.to_bytes(np.array([1, b"x"], dtype=object))
 
 

@@ -383,7 +383,11 @@ def shared_memory_input() -> pb.ModelInferRequest:
             lambda: with_raw("BYTES", [1], b"\5\0\0\0x"),
             "input INPUT0: BYTES element 0 says 5 bytes but only 1",
         ),
-        (lambda: with_raw("BYTES", [2], b"\1\0\0\0x"), "input INPUT0: BYTES data ends after 1 of 2 elements"),
+        (
+            lambda: with_raw("BYTES", [2], b"\1\0\0\0xyzw"),
+            "input INPUT0: BYTES data ends after 1 of 2 elements",
+        ),
+        (lambda: with_raw("BYTES", [1 << 30], b""), "1073741824 BYTES elements cannot fit in 0 bytes"),
         (
             lambda: with_raw("BF16", [2], b"\0\0"),
             "input INPUT0: raw content is 2 bytes but shape [2] of BF16",
@@ -497,8 +501,7 @@ async def test_sequence_id_keys_the_route(svc, dp, kind, value):
     await svc.ModelInfer(req, None)
     assert dp.calls[0][2]["routing_key"] == str(value) and dp.calls[0][2]["priority"] == 1
     assert dp.calls[0][2]["sequence"] == SequenceFlags(str(value), start=True, end=False)
-    # the backend sees the sequence's parameters too (Triton's sequence batcher gives them to the model)
-    assert dp.calls[0][2]["parameters"] == {"sequence_id": str(value), "sequence_start": "true"}
+    assert dp.calls[0][2]["parameters"] == {}  # the router's to act on, not the model's (nor the batch key)
 
 
 @pytest.mark.parametrize(
@@ -507,15 +510,14 @@ async def test_sequence_id_keys_the_route(svc, dp, kind, value):
         ({"sequence_start": ("bool_param", True)}, "sequence_start and sequence_end need a sequence_id"),
         ({"sequence_id": ("int64_param", 0), "sequence_end": ("bool_param", True)}, "need a sequence_id"),
         ({"sequence_id": ("double_param", 1.5)}, "sequence_id must be an integer or a string"),
-        (
-            {"sequence_id": ("int64_param", 3), "sequence_end": ("int64_param", 1)},
-            "sequence_end must be a bool",
-        ),
+        ({"sequence_id": ("int64_param", 3), "sequence_end": ("int64_param", 1)}, "must be a bool"),
         ({"sequence_id": ("string_param", "x" * 257)}, "longer than 256 characters"),
+        ({f"p{i}": ("string_param", "x") for i in range(65)}, "65 request parameters; at most 64"),
+        ({"big": ("string_param", "x" * (16 << 10))}, "request parameters are 16387 bytes; at most 16384"),
     ],
-    ids=["start-without-id", "end-with-id-0", "float-id", "int-end", "long-id"],
-)
-async def test_bad_sequence_parameters_are_refused(svc, dp, params, message):
+    ids=["start-without-id", "end-with-id-0", "float-id", "int-end", "long-id", "too-many", "too-big"],
+)  # fmt: skip
+async def test_bad_request_parameters_are_refused(svc, dp, params, message):
     req = raw_request(ZEROS)
     for key, (kind, value) in params.items():
         setattr(req.parameters[key], kind, value)

@@ -10,7 +10,8 @@ Invariants:
 - BYTES elements are ``bytes`` in an object array (a ``str`` is sent as its UTF-8). As bytes, a BYTES
   tensor is Triton's serialization: per element a 4-byte little-endian length, then that many bytes, in
   row-major order; ``from_bytes`` accepts exactly ``prod(shape)`` such elements that fill the buffer,
-  and nothing else.
+  and nothing else (a count the buffer cannot hold is refused before anything is allocated). An element
+  ``to_bytes`` cannot encode is ``Internal``: clients' elements are always bytes, so a backend made it.
 - Every other type is its elements' raw little-endian bytes, row-major; ``from_bytes`` views them (no
   copy, read-only) and ``to_bytes`` hands out the array's own buffer when it is contiguous.
 """
@@ -25,7 +26,7 @@ import ml_dtypes
 import numpy as np
 
 from mcpapi.v2 import tensor_pb2
-from mcpcore.errors import InvalidArgument
+from mcpcore.errors import Internal, InvalidArgument
 
 __all__ = [
     "BYTES",
@@ -131,7 +132,7 @@ def _element(value: Any, what: str) -> bytes:
         return bytes(value)
     if isinstance(value, str):
         return value.encode()
-    raise InvalidArgument(f"{what}: a BYTES element is {type(value).__name__}, not bytes or str")
+    raise Internal(f"{what}: a BYTES element is {type(value).__name__}, not bytes or str")
 
 
 def _serialize(array: np.ndarray) -> bytes:
@@ -144,6 +145,10 @@ def _serialize(array: np.ndarray) -> bytes:
 
 
 def _deserialize(view: memoryview, count: int, what: str) -> np.ndarray:
+    if count > view.nbytes // _LENGTH.size:  # every element takes its 4-byte length at least
+        raise InvalidArgument(
+            f"{what}: {count} BYTES elements cannot fit in {view.nbytes} bytes (each takes 4 or more)"
+        )
     out = np.empty(count, dtype=object)
     at, size = 0, view.nbytes
     for i in range(count):

@@ -480,6 +480,10 @@ def model_config_from_dict(data: Any, *, model: str, version: str) -> ModelConfi
     _check_secondary(ctx, qos, outputs)
     function = _function(ctx, data, backend)
     decoupled = ctx.bool_("decoupled", data.get("decoupled", False))
+    if decoupled and backend != "builtin":
+        ctx.fail(
+            "decoupled", f"backend {backend} answers once per request; only builtin models are decoupled"
+        )
     if decoupled and "dynamic_batching" in data:
         ctx.fail("decoupled", "a decoupled model runs each request on its own: drop dynamic_batching")
     stateful = any(layer.op in STATEFUL_OPS for layer in layers)

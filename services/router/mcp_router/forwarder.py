@@ -49,7 +49,7 @@ from zmq.utils.monitor import parse_monitor_message
 from mcp_router.snapshot import WorkerEndpoint
 from mcpapi.v2 import tensor_pb2
 from mcpcore import wire
-from mcpcore.errors import DeadlineExceeded, Internal, MCPError, Unavailable
+from mcpcore.errors import DeadlineExceeded, Internal, InvalidArgument, MCPError, Unavailable
 
 __all__ = ["Forwarder", "MayHaveStarted", "NotSent"]
 
@@ -273,6 +273,11 @@ class Forwarder:
             )
         rid = header.request_id
         frames = wire.encode(header, inputs)
+        if len(frames[0]) > self.limits.max_header_bytes:  # the worker could only refuse it, unnamed
+            raise InvalidArgument(
+                f"the request's header is {len(frames[0])} bytes, over the "
+                f"{self.limits.max_header_bytes}-byte limit (too many tensors or parameters)"
+            )
         try:  # NOBLOCK: sent at once or refused at once (never waits, never queues)
             link.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
@@ -386,7 +391,12 @@ class Forwarder:
         if not partial:
             entry.future.set_result(msg)
         elif entry.on_partial is not None:
-            entry.on_partial(msg)
+            try:
+                entry.on_partial(msg)
+            except Exception as exc:  # its own request fails (MCPError as is), never the other replies
+                if not isinstance(exc, MCPError):
+                    exc = Internal(f"an answer from worker {worker_id} could not be passed on: {exc}")
+                entry.future.set_exception(exc)
         else:  # a partial reply to a request that expects one answer: the worker's fault, said at once
             entry.future.set_exception(
                 Internal(f"worker {worker_id} answered a request more than once (model {header.model})")

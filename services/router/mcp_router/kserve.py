@@ -14,16 +14,16 @@ Invariants:
   registered with this router (``mcp_router.shm``); CUDA shared memory answers UNAVAILABLE (no CUDA here).
 - Request parameters, Triton's convention: "priority" (int64 or uint64), "timeout" (int64, microseconds,
   0 = none), "routing_key" (string; else "sequence_id" keys the route), "sequence_id" (int or string; 0
-  or "" = none) with "sequence_start"/"sequence_end" (bools). Every parameter but routing_key, priority,
-  timeout and triton_enable_empty_final_response goes on to the worker's backend as a string. The gRPC
-  deadline, when shorter than "timeout", bounds the request.
+  or "" = none) with "sequence_start"/"sequence_end" (bools). Every other parameter (scalars only, at most
+  ``MAX_PARAMETERS`` and ``MAX_PARAMETER_BYTES``) goes on to the worker's backend as a string, but the
+  transport's own (triton_enable_empty_final_response, binary_data_output). The gRPC deadline, when
+  shorter than "timeout", bounds the request.
 - Streams: a decoupled model's answers go out as they come; with "triton_enable_empty_final_response"
   set, each answer says "triton_final_response" false and an empty last one says true (as Triton's).
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from mcp_router import logsettings, trace
+from mcp_router import logsettings, stream, trace
 from mcp_router.dataplane import (
     DataPlane,
     Duration,
@@ -46,7 +46,12 @@ from mcpapi.kserve import grpc_service_pb2 as pb
 from mcpapi.kserve import grpc_service_pb2_grpc as pb_grpc
 from mcpapi.kserve import model_config_pb2 as mc
 from mcpcore import dtypes
-from mcpcore.errors import Internal, InvalidArgument, MCPError, NotFound, Unavailable, log_unexpected
+from mcpcore.errors import (
+    Internal,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
 
 __all__ = [
     "EXTENSIONS",
@@ -80,7 +85,6 @@ EXTENSIONS = (
     "trace",
     "logging",
 )
-STREAM_IN_FLIGHT = 1024  # requests of one ModelStreamInfer stream running at once
 NO_CUDA_SHM = Unavailable(
     "CUDA shared memory is not available: the router runs no CUDA; use system shared memory "
     "(SystemSharedMemoryRegister) or send the tensors"
@@ -111,9 +115,13 @@ _FIELD_DTYPE = {
     "fp32_contents": np.float32,
     "fp64_contents": np.float64,
 }
-EMPTY_FINAL = "triton_enable_empty_final_response"
-FINAL = "triton_final_response"
-_CONSUMED_PARAMETERS = frozenset({"routing_key", "priority", "timeout", EMPTY_FINAL})
+#: Parameters the front doors act on; every other one goes on to the backend.
+_CONSUMED_PARAMETERS = frozenset(
+    {"routing_key", "priority", "timeout", stream.EMPTY_FINAL, "sequence_id", "sequence_start",
+     "sequence_end", "binary_data_output"}
+)  # fmt: skip
+MAX_PARAMETERS = 64  # passed on to the backend, per request
+MAX_PARAMETER_BYTES = 16 << 10  # their keys and values in all (the ZeroMQ header holds them)
 
 
 class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -174,65 +182,10 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, requests: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Every request on the stream runs at once (at most ``STREAM_IN_FLIGHT``; reading waits past
-        that); answers come back as they finish, each with its request's id, and an error is an answer
-        too (``error_message``), so one bad request ends nothing else on the stream."""
-        # Bounded both ways: at most STREAM_IN_FLIGHT requests are running or waiting to be sent back, so a
-        # client that writes and never reads stops being read (gRPC flow control), not the router's memory.
-        # Items: (an answer or None, whether it ends its request, so its slot goes back once sent); None ends.
-        answers: asyncio.Queue[tuple[pb.ModelStreamInferResponse | None, bool] | None] = asyncio.Queue()
-        slots = asyncio.Semaphore(STREAM_IN_FLIGHT)
-        running: set[asyncio.Task[None]] = set()
-        failure: list[BaseException] = []
-
-        async def one(request: pb.ModelInferRequest) -> None:
-            final = _flag(request, EMPTY_FINAL)  # every answer says whether it is the last
-
-            def partial(response: pb.ModelInferResponse) -> None:
-                if final:
-                    response.parameters[FINAL].bool_param = False
-                answers.put_nowait((pb.ModelStreamInferResponse(infer_response=response), False))
-
-            try:
-                response = await self._infer(request, None, partial)
-                if final:
-                    response.parameters[FINAL].bool_param = True
-                # a decoupled model's last reply is often empty: it goes only if the client asked for it
-                last = response if final or response.outputs else None
-                answer = None if last is None else pb.ModelStreamInferResponse(infer_response=last)
-            except MCPError as err:
-                answer = _stream_error(request, err.message)
-            except Exception as exc:  # never past the stream: the others go on
-                answer = _stream_error(request, log_unexpected(exc, "ModelStreamInfer").message)
-            await answers.put((answer, True))  # its slot is freed once it has been sent
-
-        async def read() -> None:
-            try:
-                async for request in requests:
-                    await slots.acquire()
-                    task = asyncio.create_task(one(request))
-                    running.add(task)
-                    task.add_done_callback(running.discard)
-                await asyncio.gather(*running)
-            except Exception as exc:  # the request stream broke: answer what ran, then fail the call
-                failure.append(exc)
-            finally:
-                await answers.put(None)  # the client closed its side (or it broke) and every answer is out
-
-        reader = asyncio.create_task(read())
-        try:
-            while (item := await answers.get()) is not None:
-                answer, ends = item
-                if answer is not None:
-                    yield answer
-                if ends:
-                    slots.release()
-        finally:
-            reader.cancel()
-            for task in list(running):
-                task.cancel()
-        if failure:
-            raise failure[0]
+        """Every request on the stream runs at once; answers come back as they finish, each with its
+        request's id, and an error is an answer too (``mcp_router.stream``)."""
+        async for answer in stream.serve(requests, lambda r, partial: self._infer(r, None, partial)):
+            yield answer
 
     async def _infer(
         self,
@@ -395,19 +348,6 @@ def _setting_value(key: str, value: pb.LogSettingsRequest.SettingValue) -> bool 
     if which is None:
         raise InvalidArgument(f"log setting {key} has no value")
     return getattr(value, which)  # type: ignore[no-any-return]
-
-
-def _flag(request: pb.ModelInferRequest, key: str) -> bool:
-    param = request.parameters.get(key)
-    return param is not None and param.WhichOneof("parameter_choice") == "bool_param" and param.bool_param
-
-
-def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
-    """A failed request's answer on a stream: the message, and what identifies the request."""
-    response = pb.ModelInferResponse(
-        id=request.id, model_name=request.model_name, model_version=request.model_version
-    )
-    return pb.ModelStreamInferResponse(error_message=message, infer_response=response)
 
 
 def _model_name(name: str) -> str:
@@ -690,8 +630,30 @@ def infer_options(values: Mapping[str, Any], deadline_s: float | None = None) ->
     timeout_s = timeout_us / 1e6 if timeout_us else None
     if deadline_s is not None:
         timeout_s = deadline_s if timeout_s is None else min(timeout_s, deadline_s)
-    rest = {k: _param_str(v) for k, v in values.items() if k not in _CONSUMED_PARAMETERS}
+    rest = _passed_on(values)
     return InferOptions(routing_key, priority, timeout_s, rest, sequence)
+
+
+def _passed_on(values: Mapping[str, Any]) -> dict[str, str]:
+    """The parameters for the backend: scalars as strings, bounded in number and size."""
+    rest = {}
+    for key, value in values.items():
+        if key in _CONSUMED_PARAMETERS:
+            continue
+        if isinstance(value, (dict, list)):
+            raise InvalidArgument(
+                f"parameter {key} must be a string, a number or a bool, not a JSON {type(value).__name__}"
+            )
+        rest[key] = _param_str(value)
+    if len(rest) > MAX_PARAMETERS:
+        raise InvalidArgument(f"{len(rest)} request parameters; at most {MAX_PARAMETERS} go to the model")
+    size = sum(len(k) + len(v) for k, v in rest.items())
+    if size > MAX_PARAMETER_BYTES:
+        raise InvalidArgument(
+            f"request parameters are {size} bytes; at most {MAX_PARAMETER_BYTES} go to the model (send data "
+            "as tensors)"
+        )
+    return rest
 
 
 def _sequence(values: Mapping[str, Any]) -> SequenceFlags | None:

@@ -12,12 +12,12 @@ decide what a failure allows (DESIGN.md 7, delivery):
   once more elsewhere, any other model fails UNAVAILABLE "may have started" (never run twice);
 - anything else the worker answered is the answer.
 
-Sequences (Triton's sequence_id/start/end): a sequence's requests go to the worker and version its
-first request went to, with no retry elsewhere once it is placed; when that worker is gone (left the
-table, restarted, link failed with a request in flight, draining) the request fails ``ABORTED`` and the
-sequence is forgotten: its state was on that worker, so it is never re-routed silently. A router that
-did not see a sequence's start adopts it where its hash leads (the worker the start went to while the
-ring is unchanged). A decoupled model's answers before its last go to ``on_partial``; once one went
+Sequences (Triton's sequence_id/start/end; ``mcp_router.sequences``): a sequence's requests go, one at
+a time, to the worker and version its first request went to, with no retry elsewhere once it is placed;
+when that worker is gone (left the table, restarted, link failed with a request in flight, draining) the
+request fails ``ABORTED`` and so does every later one until a new start: its state was on that worker,
+so it is never re-routed silently. A router that did not see a sequence's start adopts it where its
+hash leads. A decoupled model's answers before its last go to ``on_partial``; once one went
 out, the request is never sent again.
 
 Retries after a start was possible, and after an overload refusal, draw from a budget (a fraction of
@@ -47,6 +47,7 @@ from mcp_router.dataplane import (
     SequenceFlags,
 )
 from mcp_router.forwarder import Forwarder, MayHaveStarted, NotSent
+from mcp_router.sequences import Pin, Sequences
 from mcp_router.snapshot import ModelRoute, Snapshots
 from mcp_router.split import SmoothWeightedRoundRobin, choose_version
 from mcp_router.stats import UNKNOWN, RequestStats
@@ -54,7 +55,6 @@ from mcp_router.trace import Trace
 from mcpapi.v2 import tensor_pb2
 from mcpcore import signature, wire
 from mcpcore.errors import (
-    Aborted,
     DeadlineExceeded,
     InvalidArgument,
     MCPError,
@@ -69,8 +69,6 @@ __all__ = ["RetryBudget", "Router"]
 
 FLAG_SECONDARY_OFF = tensor_pb2.FLAG_SECONDARY_FEATURES_OFF
 MAX_PRIORITY = (1 << 32) - 1  # TensorHeader.priority is a uint32
-SEQUENCE_IDLE_S = 600.0  # a sequence with no request for this long is forgotten
-_SEQUENCE_SWEEP_EVERY = 1024  # pins made between sweeps of idle sequences
 
 
 class RetryBudget:
@@ -129,16 +127,6 @@ def _select(route: ModelRoute, result: InferResult, outputs: tuple[str, ...]) ->
 
 
 @dataclass(slots=True)
-class _Pin:
-    """Where a sequence runs: its version and worker (that incarnation of it)."""
-
-    version: str
-    worker: str
-    incarnation: str
-    used: float
-
-
-@dataclass(slots=True)
 class _Request:
     """What every try of one request sends, and where a sequence or a stream wants it."""
 
@@ -153,7 +141,7 @@ class _Request:
     nbytes: int
     parameters: Mapping[str, str]
     sequence: SequenceFlags | None
-    pin: _Pin | None
+    pin: Pin | None
     on_partial: Callable[[InferResult], None] | None
     trace: Trace | None
 
@@ -166,13 +154,6 @@ class _Request:
         if self.features:
             header.parameters[wire.PARAM_FEATURES_OFF] = ",".join(self.features)
         return header
-
-
-def _lost(model: str, seq: SequenceFlags, pin: _Pin, why: str) -> Aborted:
-    return Aborted(
-        f"sequence {seq.id} of model {model} ran on worker {pin.worker}, which {why}; its state is lost "
-        "and it is not moved to another worker: start it again (sequence_start=true)"
-    )
 
 
 def _not_loaded(model: str) -> NotFound:
@@ -205,8 +186,7 @@ class Router(DataPlane):
         self._rr: dict[str, SmoothWeightedRoundRobin] = {}
         self._scheduler_load = scheduler_load
         self._scheduler_unload = scheduler_unload
-        self._sequences: dict[tuple[str, str], _Pin] = {}
-        self._pins_made = 0
+        self._sequences = Sequences()
 
     # -- health and metadata ---------------------------------------------------------------------------
     def live(self) -> bool:
@@ -412,7 +392,7 @@ class Router(DataPlane):
             if on_partial is not None and outputs:
                 shown = on_partial
                 on_partial = lambda r: shown(_select(route, r, outputs))  # noqa: E731
-            result = await self._infer(
+            run = self._infer(
                 route,
                 version,
                 inputs,
@@ -425,6 +405,11 @@ class Router(DataPlane):
                 on_partial=on_partial,
                 trace=trace,
             )
+            if sequence is None:
+                result = await run
+            else:  # one request of a sequence at a time, in order
+                async with self._sequences.turn(model, sequence):
+                    result = await run
             if outputs and result.outputs:  # a decoupled model's last reply may hold none
                 result = _select(route, result, outputs)
         except MCPError as err:
@@ -450,7 +435,9 @@ class Router(DataPlane):
         trace: Trace | None,
     ) -> InferResult:
         model = route.name
-        pin = self._pinned(route, sequence, version)
+        pin = None
+        if sequence is not None:
+            pin = self._sequences.placed(route, self._snap.table, sequence, version, self._fwd.serving)
         chosen, _level, flags = self._version(
             route, pin.version if pin else version, routing_key, time.time()
         )
@@ -479,49 +466,7 @@ class Router(DataPlane):
             return await self._attempt(route, req, attempts)
         finally:
             if sequence is not None and sequence.end:
-                self._sequences.pop((model, sequence.id), None)
-
-    def _pinned(self, route: ModelRoute, sequence: SequenceFlags | None, version: str) -> _Pin | None:
-        """The place of a sequence already running (None: a start, not a sequence, or one this router
-        has not seen, which goes where its hash leads); ``Aborted`` when its worker is gone."""
-        if sequence is None:
-            return None
-        key = (route.name, sequence.id)
-        pin = self._sequences.get(key)
-        if pin is None or sequence.start:  # a start begins it afresh (Triton: a new START restarts it)
-            self._sequences.pop(key, None)
-            return None
-        if version and version != pin.version:
-            raise InvalidArgument(
-                f"sequence {sequence.id} of model {route.name} runs on version {pin.version}, not {version}"
-            )
-        table = self._snap.table
-        ring = route.rings.get(pin.version)
-        endpoint = table.workers.get(pin.worker)
-        why = ""
-        if endpoint is None or ring is None or pin.worker not in ring.nodes:
-            why = "left the routing table"
-        elif endpoint.incarnation != pin.incarnation:
-            why = "restarted"
-        elif not self._fwd.serving(pin.worker):
-            why = "is disconnected or draining"
-        if why:
-            del self._sequences[key]
-            raise _lost(route.name, sequence, pin, why)
-        pin.used = time.monotonic()
-        return pin
-
-    def _pin(self, model: str, sequence: SequenceFlags, version: str, worker: str) -> None:
-        endpoint = self._snap.table.workers.get(worker)
-        now = time.monotonic()
-        self._sequences[(model, sequence.id)] = _Pin(
-            version, worker, endpoint.incarnation if endpoint else "", now
-        )
-        self._pins_made += 1
-        if self._pins_made % _SEQUENCE_SWEEP_EVERY == 0:  # bounded: idle sequences are forgotten
-            idle = [k for k, p in self._sequences.items() if now - p.used > SEQUENCE_IDLE_S]
-            for k in idle:
-                del self._sequences[k]
+                self._sequences.end(model, sequence)
 
     async def _attempt(self, route: ModelRoute, req: _Request, attempts: _Attempts) -> InferResult:
         """Send until answered, as the delivery rules allow (the module's docstring)."""
@@ -566,13 +511,14 @@ class Router(DataPlane):
             if trace is not None:
                 trace.mark("FORWARD_END")
             if req.sequence is not None and pin is None:  # placed where its first answer came from
-                self._pin(model, req.sequence, chosen, worker)
+                endpoint = self._snap.table.workers.get(worker)
+                incarnation = endpoint.incarnation if endpoint is not None else ""
+                self._sequences.place(model, req.sequence, chosen, worker, incarnation)
             if not reply.header.status_code:
                 return InferResult(model, reply.header.version or chosen, worker, reply.named())
             if pin is not None and req.sequence is not None:
                 if reply.header.flags & wire.FLAG_DRAINING:
-                    self._sequences.pop((model, req.sequence.id), None)
-                    raise _lost(model, req.sequence, pin, "is draining")
+                    raise self._sequences.lose(model, req.sequence, worker, "is draining")
                 wire.raise_for_status(reply.header)  # not started there, or failed: never another worker
             self._refused(worker, reply.header, attempts)
 
@@ -582,9 +528,9 @@ class Router(DataPlane):
         """The worker's link failed while it held the request: return to send it once more, or raise."""
         model = route.name
         if req.sequence is not None:
-            self._sequences.pop((model, req.sequence.id), None)
-            lost = _Pin(req.version, worker, "", 0.0)
-            raise _lost(model, req.sequence, lost, "failed while the request was in flight") from None
+            raise self._sequences.lose(
+                model, req.sequence, worker, "failed while the request was in flight"
+            ) from None
         if not self._resend(route, req.version, worker, attempts):
             self._stats.may_have_started(model)
             raise Unavailable(

@@ -35,7 +35,15 @@ from mcp_worker.memory import MemoryBudget
 from mcp_worker.repository import ModelRepository
 from mcp_worker.sharing import ModelShare
 from mcpcore.breaker import secondary_outputs_off
-from mcpcore.errors import FailedPrecondition, InvalidArgument, MCPError, NotFound, Unavailable, not_started
+from mcpcore.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    MCPError,
+    NotFound,
+    Unavailable,
+    not_started,
+)
 from mcpcore.keys import ReplicaId, check_name, check_version
 from mcpcore.lifecycle import ReplicaLifecycle, ReplicaRecord, ReplicaState, Resync
 from mcpcore.modelspec import ModelConfig, TensorSpec
@@ -207,7 +215,7 @@ class ModelManager:
                     f"model {replica.key} is decoupled (several answers per request): call it over a "
                     "stream (ModelStreamInfer) or the tensor socket"
                 )
-            emit = _on_loop(partial, replica.rid.version)
+            emit = _on_loop(partial, replica.rid.version, replica.key, timeout_s)
         outputs = await replica.queue.submit(
             request_id, inputs, priority=priority, timeout_s=timeout_s, skip=skip, parameters=parameters,
             emit=emit,
@@ -439,13 +447,25 @@ class ModelManager:
 
 
 def _on_loop(
-    partial: Callable[[str, dict[str, np.ndarray]], None], version: str
+    partial: Callable[[str, dict[str, np.ndarray]], None], version: str, key: str, timeout_s: float | None
 ) -> Callable[[dict[str, np.ndarray]], None]:
     """An ``emit`` for the executor thread that hands each answer to ``partial`` on this event loop. The
     loop runs callbacks in the order they were scheduled, so the answers keep their order and all come
-    before the request's last reply (whose future is completed through the same queue)."""
+    before the request's last reply (whose future is completed through the same queue). Past the
+    request's deadline it raises ``DeadlineExceeded`` instead, which ends the run: a stream nobody
+    waits for any more does not hold an execution slot for long."""
     loop = asyncio.get_running_loop()
-    return lambda outputs: loop.call_soon_threadsafe(partial, version, outputs)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    sent = 0
+
+    def emit(outputs: dict[str, np.ndarray]) -> None:
+        nonlocal sent
+        if deadline is not None and time.monotonic() > deadline:
+            raise DeadlineExceeded(f"model {key} ran past the request's deadline after {sent} answers")
+        sent += 1
+        loop.call_soon_threadsafe(partial, version, outputs)
+
+    return emit
 
 
 def _apply(config: ModelConfig, o: LoadOverrides | None) -> ModelConfig:

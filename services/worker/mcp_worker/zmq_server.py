@@ -331,6 +331,10 @@ class TensorServer:
             except MCPError as err:
                 broken.append(err)
                 return
+            except Exception as exc:  # never lost in the loop's handler: the last reply says it
+                log.exception("request %s: an answer could not be encoded", header.request_id)
+                broken.append(Internal(f"an answer of model {header.model} could not be encoded ({exc})"))
+                return
             self._send([identity, *frames], "a reply")
 
         try:
