@@ -158,3 +158,65 @@ async def test_a_worker_that_never_listened_is_not_sent_anything():
         await fwd.send("w9", request(fwd), {"X": X}, timeout_s=1)
     assert fwd.loads["w9"] == 0
     await fwd.close()
+
+
+def _partial(header: tensor_pb2.TensorHeader, answer: int | None) -> list:  # type: ignore[type-arg]
+    """A decoupled model's answer ``answer`` (None: without its place) to ``header``, as frames."""
+    reply = ok_reply(header)
+    reply.flags = wire.FLAG_PARTIAL
+    if answer is not None:
+        reply.parameters[wire.PARAM_ANSWER] = str(answer)
+    return wire.encode(reply, {"INDEX": np.array([answer or 0], np.int32)})
+
+
+async def test_partial_answers_go_to_the_request_in_order_then_its_last_reply(setup):
+    fwd, peer, late, _ = setup
+    header = request(fwd)
+    got: list[int] = []
+    send = asyncio.create_task(
+        fwd.send(
+            "w1", header, {"X": X}, timeout_s=5, on_partial=lambda m: got.append(int(m.named()["INDEX"][0]))
+        )
+    )
+    identity, seen, _ = await peer.request()
+    for i in range(3):
+        frames = _partial(seen, i)
+        await peer.reply(identity, wire.parse_header(frames[0]), frames[1:])
+    await peer.reply(identity, ok_reply(seen), [])
+    last = await send
+    assert got == [0, 1, 2] and not last.tensors and not late
+    assert fwd.in_flight("w1") == 0
+
+
+@pytest.mark.parametrize(("answers", "error", "words"), [
+    ([0, 2], "DataLoss", "sent answer 2 of model m but answer 1 was next"),  # one was dropped on the way
+    ([None], "DataLoss", "sent answer None"),
+])  # fmt: skip
+async def test_a_gap_in_the_answers_fails_the_request(setup, answers, error, words):
+    fwd, peer, _, _ = setup
+    header = request(fwd)
+    send = asyncio.create_task(fwd.send("w1", header, {"X": X}, timeout_s=5, on_partial=lambda m: None))
+    identity, seen, _ = await peer.request()
+    for i in answers:
+        frames = _partial(seen, i)
+        await peer.reply(identity, wire.parse_header(frames[0]), frames[1:])
+    with pytest.raises(Exception, match=words) as info:
+        await send
+    assert type(info.value).__name__ == error
+    await peer.reply(identity, ok_reply(seen), [])  # its last reply still ends it: nothing stays in flight
+    for _ in range(200):
+        if fwd.in_flight("w1") == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert fwd.in_flight("w1") == 0
+
+
+async def test_a_second_answer_to_a_request_that_expects_one_fails_it(setup):
+    fwd, peer, _, _ = setup
+    header = request(fwd)
+    send = asyncio.create_task(fwd.send("w1", header, {"X": X}, timeout_s=5))
+    identity, seen, _ = await peer.request()
+    frames = _partial(seen, 0)
+    await peer.reply(identity, wire.parse_header(frames[0]), frames[1:])
+    with pytest.raises(Internal, match="answered a request more than once"):
+        await send

@@ -34,6 +34,7 @@ __all__ = [
     "FLAG_PARTIAL",
     "FLAG_RETRYABLE",
     "FLAG_SECONDARY_FEATURES_OFF",
+    "PARAM_ANSWER",
     "PARAM_FEATURES_OFF",
     "RESERVED_PREFIX",
     "Limits",
@@ -58,6 +59,9 @@ RESERVED_PREFIX = "mcp."
 #: Header parameter a router adds with ``FLAG_SECONDARY_FEATURES_OFF``: the breaker policy's level-2
 #: ``features``, comma-separated (absent: every secondary output of the model goes).
 PARAM_FEATURES_OFF = RESERVED_PREFIX + "features_off"
+#: Reply parameter of a ``FLAG_PARTIAL`` reply: its place among the request's answers (0, 1, ...), so a
+#: receiver sees a gap (ZeroMQ drops what a full queue cannot take) instead of a silent hole.
+PARAM_ANSWER = RESERVED_PREFIX + "answer"
 MiB = 1 << 20
 
 

@@ -49,7 +49,7 @@ from zmq.utils.monitor import parse_monitor_message
 from mcp_router.snapshot import WorkerEndpoint
 from mcpapi.v2 import tensor_pb2
 from mcpcore import wire
-from mcpcore.errors import DeadlineExceeded, Internal, InvalidArgument, MCPError, Unavailable
+from mcpcore.errors import DataLoss, DeadlineExceeded, Internal, InvalidArgument, MCPError, Unavailable
 
 __all__ = ["Forwarder", "MayHaveStarted", "NotSent"]
 
@@ -75,6 +75,7 @@ class _Pending:
     nbytes: int
     since: float
     on_partial: Callable[[wire.Message], None] | None = None
+    answers: int = 0  # partial replies taken (the next one must say this many)
 
 
 class RingLoad:
@@ -391,6 +392,16 @@ class Forwarder:
         if not partial:
             entry.future.set_result(msg)
         elif entry.on_partial is not None:
+            said = header.parameters.get(wire.PARAM_ANSWER)
+            if said != str(entry.answers):  # a gap: ZeroMQ dropped an answer (a full queue) on the way
+                entry.future.set_exception(
+                    DataLoss(
+                        f"worker {worker_id} sent answer {said} of model {header.model} but answer "
+                        f"{entry.answers} was next: an answer was lost on the way; run the request again"
+                    )
+                )
+                return
+            entry.answers += 1
             try:
                 entry.on_partial(msg)
             except Exception as exc:  # its own request fails (MCPError as is), never the other replies

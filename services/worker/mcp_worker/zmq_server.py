@@ -322,12 +322,14 @@ class TensorServer:
         """Run the request (``frames``: its tensor frames, checked here against ``header``) and answer."""
 
         broken: list[MCPError] = []  # a partial reply that could not go: the last reply says so
+        sent = 0
 
         def partial(version: str, outputs: dict[str, np.ndarray]) -> None:
+            nonlocal sent
             if broken:
                 return
             try:
-                frames = self._encode_reply(header, version, outputs, wire.FLAG_PARTIAL)
+                frames = self._encode_reply(header, version, outputs, wire.FLAG_PARTIAL, answer=sent)
             except MCPError as err:
                 broken.append(err)
                 return
@@ -336,6 +338,7 @@ class TensorServer:
                 broken.append(Internal(f"an answer of model {header.model} could not be encoded ({exc})"))
                 return
             self._send([identity, *frames], "a reply")
+            sent += 1
 
         try:
             msg = wire.Message(header, wire.tensors_of(header, frames, self._limits))
@@ -354,7 +357,13 @@ class TensorServer:
         self._send([identity, *out], "a reply")
 
     def _encode_reply(
-        self, header: tensor_pb2.TensorHeader, version: str, outputs: dict[str, np.ndarray], flags: int = 0
+        self,
+        header: tensor_pb2.TensorHeader,
+        version: str,
+        outputs: dict[str, np.ndarray],
+        flags: int = 0,
+        *,
+        answer: int | None = None,
     ) -> list[Any]:
         """The reply's frames; refuses (``ResourceExhausted``) what a receiver must drop: outputs over the
         frame or message limits."""
@@ -367,6 +376,8 @@ class TensorServer:
             kind=tensor_pb2.KIND_REPLY, request_id=header.request_id, model=header.model, version=version,
             flags=flags,
         )  # fmt: skip
+        if answer is not None:
+            reply.parameters[wire.PARAM_ANSWER] = str(answer)
         frames = wire.encode(reply, outputs)
         total = 0
         for spec in reply.tensors:
