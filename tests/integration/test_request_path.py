@@ -142,6 +142,12 @@ def test_a_declared_version_that_is_not_running_is_unavailable(mesh):
     control, stub = mesh["control"], mesh["stub"]
     control.PauseModel(control_pb2.PauseModelRequest(model="demo-mlp", version="2"), timeout=30)
     try:
+        ready = kserve_grpc.GRPCInferenceServiceStub(mesh["router"].channel()).ModelReady
+        # the router learns of the pause from etcd: until then the worker answers "paused" (not started)
+        wait_for(
+            lambda: not ready(kserve.ModelReadyRequest(name="demo-mlp", version="2"), timeout=5).ready,
+            what="the router to see demo-mlp/2 paused",
+        )
         with pytest.raises(grpc.RpcError) as info:
             stub.Infer(_request("demo-mlp", version="2"), timeout=10)
         assert (
