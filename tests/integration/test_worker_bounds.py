@@ -20,6 +20,7 @@ import yaml
 from harness import TensorClient, WorkerProcess, load_and_run, make_demo_repository
 from harness import metric as metric_in
 
+from mcpapi.v2 import tensor_pb2
 from mcpcore import wire
 from mcpcore.errors import DeadlineExceeded, Unavailable
 
@@ -64,7 +65,7 @@ def worker(tmp_path_factory, etcd_endpoint, repo):
         max_in_flight_requests=8, max_tensor_bytes=64 << 10, execution_log=tmp / "executions",
     ).start()  # fmt: skip
     control = proc.control()
-    for model in ("demo-slow", "demo-mlp", "short-queue", "wide"):
+    for model in ("demo-slow", "demo-mlp", "short-queue", "wide", "demo-stream"):
         load_and_run(control, model)
     yield proc
     proc.stop()
@@ -174,3 +175,39 @@ def test_a_request_run_twice_is_counted_and_journaled(worker, client, tmp_path_f
     assert metric(worker, "mcp_worker_duplicate_executions_total", model="demo-mlp") - before == 1
     journal = (worker.tmp / "executions").read_text().splitlines()
     assert journal.count(f"demo-mlp {rid}") == 2
+
+
+def _cancel(client: TensorClient, rid: str, model: str) -> None:
+    cancel = tensor_pb2.TensorHeader(kind=tensor_pb2.KIND_CANCEL, request_id=rid, model=model)
+    client.sock.send_multipart([cancel.SerializeToString()])
+
+
+def test_a_cancel_drops_a_queued_request_and_stops_a_stream(worker, client):
+    """One execution slot: a long stream holds it, a request queues behind it. Cancelling the queued one
+    answers it at once and it never runs; cancelling the stream stops its answers and frees the slot."""
+    before = metric(worker, "mcp_worker_executions_total", model="demo-mlp")
+    stream = client.send(
+        "demo-stream", {"N": np.array([500], np.int32)}, parameters={"delay_ms": "10"}
+    )  # 5 s of answers if nothing stops it
+    first = client.recv().header
+    assert first.request_id == stream and first.flags & wire.FLAG_PARTIAL
+    queued = client.send("demo-mlp", {"INPUT0": ROW})
+    _cancel(client, queued, "demo-mlp")
+    answers, last = 1, None
+    while last is None:
+        header = client.recv().header
+        if header.request_id == stream:
+            answers += 1
+            if answers == 5:
+                _cancel(client, stream, "demo-stream")
+            if not header.flags & wire.FLAG_PARTIAL:
+                last = header
+        else:
+            assert header.request_id == queued and "cancelled" in header.status_message
+    assert last.status_code == CODE[Unavailable] and "cancelled" in last.status_message
+    assert answers < 50  # it stopped long before its 500 answers
+    reply = client.infer("demo-mlp", {"INPUT0": ROW})  # the slot is free again
+    assert not reply.header.status_code
+    assert (
+        metric(worker, "mcp_worker_executions_total", model="demo-mlp") == before + 1
+    )  # never the queued one

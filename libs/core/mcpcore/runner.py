@@ -57,6 +57,7 @@ def parse_config(prog: str, config_cls: type[C], env_prefix: str, argv: list[str
 #: long for the GIL while executor threads (a worker's batches, a service's blocking I/O) hold it.
 SWITCH_INTERVAL_S = 0.001
 
+
 async def serve(factory: Callable[[C], Service], config: C) -> None:
     service = factory(config)  # inside the loop: services make grpc.aio and zmq.asyncio objects
     stop = asyncio.Event()

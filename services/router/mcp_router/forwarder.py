@@ -18,6 +18,8 @@ Invariants:
   timeout (a frozen one) until the next handshake; ``on_link_down(worker)`` tells the snapshot.
 - A reply whose header parses but whose frames do not match it fails that request at once (INTERNAL,
   naming the worker); one whose header does not parse cannot be matched and is counted.
+- A request the router gives up on (deadline, client gone) is cancelled at the worker (``KIND_CANCEL``,
+  best effort), so queued work a client no longer waits for is not run.
 - Tensors go out and come back without copies (``copy=False``, ``np.frombuffer`` views of reply frames).
 - A decoupled model's replies before its last (``FLAG_PARTIAL``) go to the request's ``on_partial`` in
   order; the request stays in flight until its last reply, and one that does not decode fails it.
@@ -299,20 +301,26 @@ class Forwarder:
             async with asyncio.timeout(timeout_s):
                 return await future
         except TimeoutError:
-            self._abandon(entry)
+            self._abandon(link, header, entry)
             raise DeadlineExceeded(
                 f"worker {worker_id} did not answer within {timeout_s * 1000:.0f} ms (request {rid})"
             ) from None
         except asyncio.CancelledError:  # the client went away: the worker may still be running it
-            self._abandon(entry)
+            self._abandon(link, header, entry)
             raise
 
-    @staticmethod
-    def _abandon(entry: _Pending) -> None:
-        """Given up by the router: counted until the worker answers (or its link fails)."""
+    def _abandon(self, link: _Link, header: tensor_pb2.TensorHeader, entry: _Pending) -> None:
+        """Given up by the router: the worker is told (KIND_CANCEL: it drops the request if still queued,
+        stops a stream), and the request stays counted until the worker answers (or its link fails)."""
         entry.future = None
         entry.on_partial = None
         entry.since = time.monotonic()
+        cancel = tensor_pb2.TensorHeader(
+            kind=tensor_pb2.KIND_CANCEL, request_id=header.request_id, model=header.model
+        )
+        with contextlib.suppress(zmq.ZMQError):  # best effort: the deadline drops it at the worker anyway
+            link.sock.send_multipart([cancel.SerializeToString()], flags=zmq.NOBLOCK)
+        self._look_again(link)
 
     def mark_draining(self, worker_id: str) -> None:
         """The worker answered "draining": choose it no more (until it connects again)."""

@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -36,6 +37,7 @@ from mcp_worker.repository import ModelRepository
 from mcp_worker.sharing import ModelShare
 from mcpcore.breaker import secondary_outputs_off
 from mcpcore.errors import (
+    Aborted,
     DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
@@ -208,18 +210,22 @@ class ModelManager:
         skip = frozenset()
         if features_off is not None:
             skip = secondary_outputs_off(replica.config.qos.secondary_features, features_off)
-        emit = None
+        emit, stop = None, threading.Event()
         if replica.config.decoupled:
             if partial is None:
                 raise InvalidArgument(
                     f"model {replica.key} is decoupled (several answers per request): call it over a "
                     "stream (ModelStreamInfer) or the tensor socket"
                 )
-            emit = _on_loop(partial, replica.rid.version, replica.key, timeout_s)
-        outputs = await replica.queue.submit(
-            request_id, inputs, priority=priority, timeout_s=timeout_s, skip=skip, parameters=parameters,
-            emit=emit,
-        )  # fmt: skip
+            emit = _on_loop(partial, replica.rid.version, replica.key, timeout_s, stop)
+        try:
+            outputs = await replica.queue.submit(
+                request_id, inputs, priority=priority, timeout_s=timeout_s, skip=skip, parameters=parameters,
+                emit=emit,
+            )  # fmt: skip
+        except asyncio.CancelledError:  # cancelled (or the worker stops): a running stream stops answering
+            stop.set()
+            raise
         return replica, outputs
 
     # -- control ---------------------------------------------------------------------------------------
@@ -447,19 +453,25 @@ class ModelManager:
 
 
 def _on_loop(
-    partial: Callable[[str, dict[str, np.ndarray]], None], version: str, key: str, timeout_s: float | None
+    partial: Callable[[str, dict[str, np.ndarray]], None],
+    version: str,
+    key: str,
+    timeout_s: float | None,
+    stop: threading.Event,
 ) -> Callable[[dict[str, np.ndarray]], None]:
     """An ``emit`` for the executor thread that hands each answer to ``partial`` on this event loop. The
     loop runs callbacks in the order they were scheduled, so the answers keep their order and all come
     before the request's last reply (whose future is completed through the same queue). Past the
-    request's deadline it raises ``DeadlineExceeded`` instead, which ends the run: a stream nobody
-    waits for any more does not hold an execution slot for long."""
+    request's deadline, or once the request was cancelled (``stop``), it raises instead, which ends the
+    run: a stream nobody waits for any more does not hold an execution slot."""
     loop = asyncio.get_running_loop()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     sent = 0
 
     def emit(outputs: dict[str, np.ndarray]) -> None:
         nonlocal sent
+        if stop.is_set():
+            raise Aborted(f"model {key}: the request was cancelled after {sent} answers")
         if deadline is not None and time.monotonic() > deadline:
             raise DeadlineExceeded(f"model {key} ran past the request's deadline after {sent} answers")
         sent += 1

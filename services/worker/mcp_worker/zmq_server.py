@@ -15,6 +15,8 @@ Invariants:
   it is not retryable), and a router never has to drop a frame it cannot take.
 - ``FLAG_RETRYABLE`` goes only on errors raised before the request began to execute
   (``MCPError.not_started``): a router may send those elsewhere whatever the model.
+- ``KIND_CANCEL`` from a peer stops its request: dropped if still queued, a decoupled model's answers
+  stop; it is answered "cancelled", so the peer's in-flight count ends at once.
 - Draining (``drain()``, a graceful stop): every new request is answered not started with
   ``FLAG_DRAINING``, so routers send elsewhere at once and stop choosing this worker.
 - Tensors are received and sent without copies (``copy=False``; ``np.frombuffer`` views).
@@ -116,6 +118,8 @@ class TensorServer:
         self._look_scheduled = False
         self._stopping = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._running: dict[tuple[bytes, str], asyncio.Task[None]] = {}  # (peer, request id) -> its task
+        self._cancelled: set[tuple[bytes, str]] = set()  # cancelled by their sender: answered as such
         self.endpoint = ""
         self.draining = False
         self.last_request = 0.0  # monotonic time of the last message received
@@ -207,7 +211,11 @@ class TensorServer:
         try:
             frames, header = self._receive(leases)
             self.last_request = time.monotonic()
-            ticket = self._admit(frames, header)
+            if header is not None and header.kind == tensor_pb2.KIND_CANCEL:
+                self._cancel(bytes(frames[0].bytes), header.request_id)
+                ticket = None
+            else:
+                ticket = self._admit(frames, header)
         except Exception:
             for lease in leases:
                 lease.release()
@@ -220,8 +228,24 @@ class TensorServer:
             return
         assert header is not None  # _admit answers every message whose header does not parse
         task = asyncio.create_task(self._answer(frames[0], header, frames[2:], leases, ticket))
+        key = (bytes(frames[0].bytes), header.request_id)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._running[key] = task
+        task.add_done_callback(lambda t: self._done(t, key))
+
+    def _done(self, task: asyncio.Task[None], key: tuple[bytes, str]) -> None:
+        self._tasks.discard(task)
+        if self._running.get(key) is task:
+            del self._running[key]
+        self._cancelled.discard(key)
+
+    def _cancel(self, peer: bytes, request_id: str) -> None:
+        """The sender gave up on the request: stop it (dropped if queued; a stream stops answering)."""
+        key = (peer, request_id)
+        task = self._running.get(key)
+        if task is not None and not task.done():
+            self._cancelled.add(key)
+            task.cancel()
 
     def _admit(self, frames: list[Any], header: tensor_pb2.TensorHeader | None) -> Ticket | None:
         """A ticket for the request, or None once it has been answered here and now."""
@@ -322,11 +346,11 @@ class TensorServer:
         """Run the request (``frames``: its tensor frames, checked here against ``header``) and answer."""
 
         broken: list[MCPError] = []  # a partial reply that could not go: the last reply says so
-        sent = 0
+        sent, ended = 0, False
 
         def partial(version: str, outputs: dict[str, np.ndarray]) -> None:
             nonlocal sent
-            if broken:
+            if broken or ended:  # an answer still on its way from the executor after the last reply
                 return
             try:
                 frames = self._encode_reply(header, version, outputs, wire.FLAG_PARTIAL, answer=sent)
@@ -349,11 +373,15 @@ class TensorServer:
         except MCPError as err:
             out = [wire.error_reply(header, err, retryable=err.not_started and err.retryable)]
         except asyncio.CancelledError:
-            raise
+            if (bytes(identity.bytes), header.request_id) not in self._cancelled:
+                raise  # the server is stopping
+            # its sender cancelled it: an answer still ends it there at once (nobody waits for it)
+            out = [wire.error_reply(header, Unavailable("cancelled: the sender gave up on the request"))]
         except Exception:
             log.exception("request %s failed", header.request_id)
             self._on_error("zmq_request")
             out = [wire.error_reply(header, Internal("internal error; the worker log has the details"))]
+        ended = True
         self._send([identity, *out], "a reply")
 
     def _encode_reply(

@@ -38,6 +38,7 @@ class MessageKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     KIND_UNSPECIFIED: _ClassVar[MessageKind]
     KIND_REQUEST: _ClassVar[MessageKind]
     KIND_REPLY: _ClassVar[MessageKind]
+    KIND_CANCEL: _ClassVar[MessageKind]
 TYPE_INVALID: DataType
 TYPE_BOOL: DataType
 TYPE_UINT8: DataType
@@ -61,6 +62,7 @@ FLAG_PARTIAL: HeaderFlag
 KIND_UNSPECIFIED: MessageKind
 KIND_REQUEST: MessageKind
 KIND_REPLY: MessageKind
+KIND_CANCEL: MessageKind
 
 class TensorSpec(_message.Message):
     __slots__ = ("name", "dtype", "shape", "byte_size")
