@@ -12,6 +12,8 @@ import sys
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -276,6 +278,23 @@ def test_a_sequence_whose_worker_restarted_gets_an_error_in_band_never_a_silent_
             again.stop()  # small_mesh stops the worker it started, not this one
 
 
+@contextmanager
+def _second_worker(m, tmp, etcd_endpoint, repo, model: str) -> Iterator[WorkerProcess]:  # type: ignore[no-untyped-def]
+    """A second worker on ``m``'s prefix, and ``model`` asked for on both workers (stopped after)."""
+    second = WorkerProcess(
+        tmp, etcd_endpoint, repo, prefix=m.worker.prefix, worker_id=f"w2-{uuid.uuid4().hex[:6]}"
+    )
+    second.start()
+    try:
+        spec = model_pb2.ModelSpec(model=model, versions=["1"], replicas=2)
+        control_pb2_grpc.ModelControlStub(m.scheduler.channel()).LoadModel(
+            control_pb2.LoadModelRequest(spec=spec), timeout=60
+        )
+        yield second
+    finally:
+        second.stop()
+
+
 def _rest_seq(sequence: int, *, start: bool = False) -> dict:
     return {
         "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 64], "data": [1.0] * 64}],
@@ -303,15 +322,7 @@ def test_a_sequence_stays_on_its_worker_when_the_ring_changes(tmp_path, etcd_end
         sequences = range(1000, 1020)
         for sequence in sequences:
             send(sequence, 0)
-        second = WorkerProcess(
-            tmp_path, etcd_endpoint, repo, prefix=m.worker.prefix, worker_id=f"w2-{uuid.uuid4().hex[:6]}"
-        )
-        second.start()
-        try:
-            spec = model_pb2.ModelSpec(model="demo-mlp", versions=["1"], replicas=2)
-            control_pb2_grpc.ModelControlStub(m.scheduler.channel()).LoadModel(
-                control_pb2.LoadModelRequest(spec=spec), timeout=60
-            )
+        with _second_worker(m, tmp_path, etcd_endpoint, repo, "demo-mlp") as second:
 
             def both_routed() -> bool:  # requests outside sequences spread over the ring
                 send()
@@ -324,8 +335,6 @@ def test_a_sequence_stays_on_its_worker_when_the_ring_changes(tmp_path, etcd_end
                     send(sequence, step)
             after = (served(m.worker), served(second))
             assert [a - b for a, b in zip(after, before, strict=True)] == [40, 0]
-        finally:
-            second.stop()
 
 
 def served(worker: WorkerProcess) -> float | None:
@@ -355,43 +364,35 @@ def test_a_stream_whose_worker_dies_part_way_ends_with_an_error_and_is_never_run
     """demo-stream is idempotent, but once one of its answers went out a resend would repeat them: the
     client gets the answers that came, then the error, on the stream, and no other worker runs it."""
     repo = make_demo_repository(tmp_path / "models")
-    with small_mesh(tmp_path, etcd_endpoint, repo, "demo-stream", ["1"]) as m:
-        second = WorkerProcess(
-            tmp_path, etcd_endpoint, repo, prefix=m.worker.prefix, worker_id=f"w2-{uuid.uuid4().hex[:6]}"
-        )
-        second.start()
-        try:
-            spec = model_pb2.ModelSpec(model="demo-stream", versions=["1"], replicas=2)
-            control_pb2_grpc.ModelControlStub(m.scheduler.channel()).LoadModel(
-                control_pb2.LoadModelRequest(spec=spec), timeout=60
-            )
+    with (
+        small_mesh(tmp_path, etcd_endpoint, repo, "demo-stream", ["1"]) as m,
+        _second_worker(m, tmp_path, etcd_endpoint, repo, "demo-stream") as second,
+    ):
 
-            def running_there() -> bool:
-                return any(
-                    line.startswith('mcp_model_state{model="demo-stream"') and 'state="RUNNING"' in line
-                    and line.endswith(" 1.0")
-                    for line in second.metrics_text().splitlines()
-                )  # fmt: skip
+        def running_there() -> bool:
+            return any(
+                line.startswith('mcp_model_state{model="demo-stream"') and 'state="RUNNING"' in line
+                and line.endswith(" 1.0")
+                for line in second.metrics_text().splitlines()
+            )  # fmt: skip
 
-            wait_for(running_there, timeout_s=30, what="demo-stream running on the second worker")
-            stub = pb_grpc.GRPCInferenceServiceStub(m.router.channel())
-            request = pb.ModelInferRequest(model_name="demo-stream", id="long")
-            request.inputs.add(name="N", datatype="INT32", shape=[1])
-            request.raw_input_contents.append(np.array([100], "<i4").tobytes())
-            request.parameters["delay_ms"].int64_param = 50  # 5 s of answers
-            responses = stub.ModelStreamInfer(iter([request]), timeout=60)
-            first = next(responses)
-            assert not first.error_message and first.infer_response.id == "long"
-            running = [w for w in (m.worker, second) if _executions(w, "demo-stream") > 0]
-            assert len(running) == 1
-            idle = second if running[0] is m.worker else m.worker
-            running[0].kill()
-            rest = list(responses)
-            assert rest and rest[-1].error_message and "may have started" in rest[-1].error_message
-            assert all(not r.error_message for r in rest[:-1]) and len(rest) < 100
-            assert _executions(idle, "demo-stream") == 0  # never sent again
-        finally:
-            second.stop()
+        wait_for(running_there, timeout_s=30, what="demo-stream running on the second worker")
+        stub = pb_grpc.GRPCInferenceServiceStub(m.router.channel())
+        request = pb.ModelInferRequest(model_name="demo-stream", id="long")
+        request.inputs.add(name="N", datatype="INT32", shape=[1])
+        request.raw_input_contents.append(np.array([100], "<i4").tobytes())
+        request.parameters["delay_ms"].int64_param = 50  # 5 s of answers
+        responses = stub.ModelStreamInfer(iter([request]), timeout=60)
+        first = next(responses)
+        assert not first.error_message and first.infer_response.id == "long"
+        running = [w for w in (m.worker, second) if _executions(w, "demo-stream") > 0]
+        assert len(running) == 1
+        idle = second if running[0] is m.worker else m.worker
+        running[0].kill()
+        rest = list(responses)
+        assert rest and rest[-1].error_message and "may have started" in rest[-1].error_message
+        assert all(not r.error_message for r in rest[:-1]) and len(rest) < 100
+        assert _executions(idle, "demo-stream") == 0  # never sent again
 
 
 def test_tritonclients_shared_memory_utilities_carry_bytes_both_ways(mesh, http_client):
