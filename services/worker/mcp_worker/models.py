@@ -210,13 +210,14 @@ class ModelManager:
         skip = frozenset()
         if features_off is not None:
             skip = secondary_outputs_off(replica.config.qos.secondary_features, features_off)
-        emit, stop = None, threading.Event()
+        emit, stop = None, None
         if replica.config.decoupled:
             if partial is None:
                 raise InvalidArgument(
                     f"model {replica.key} is decoupled (several answers per request): call it over a "
                     "stream (ModelStreamInfer) or the tensor socket"
                 )
+            stop = threading.Event()  # set once the request is cancelled: its run stops answering
             emit = _on_loop(partial, replica.rid.version, replica.key, timeout_s, stop)
         try:
             outputs = await replica.queue.submit(
@@ -224,7 +225,8 @@ class ModelManager:
                 emit=emit,
             )  # fmt: skip
         except asyncio.CancelledError:  # cancelled (or the worker stops): a running stream stops answering
-            stop.set()
+            if stop is not None:
+                stop.set()
             raise
         return replica, outputs
 
