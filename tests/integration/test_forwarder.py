@@ -89,8 +89,8 @@ async def test_a_late_reply_is_dropped_counted_and_the_load_held_until_it_comes(
     with pytest.raises(DeadlineExceeded):
         await sending
     assert fwd.loads["w1"] == 1  # given up, but the worker still holds it: bounded loads count it
-    _, cancel, _ = await peer.request()  # and is told so (its cancel)
-    assert cancel.kind == tensor_pb2.KIND_CANCEL and cancel.request_id == header.request_id
+    _, cancel, frames = await asyncio.wait_for(peer.request(), 5)  # and is told so: its cancel, header only
+    assert cancel.kind == tensor_pb2.KIND_CANCEL and cancel.request_id == header.request_id and not frames
     await peer.reply(identity, ok_reply(got), [])
     for _ in range(200):
         if late:
@@ -222,21 +222,3 @@ async def test_a_second_answer_to_a_request_that_expects_one_fails_it(setup):
     await peer.reply(identity, wire.parse_header(frames[0]), frames[1:])
     with pytest.raises(Internal, match="answered a request more than once"):
         await send
-
-
-async def test_a_request_the_router_gives_up_on_is_cancelled_at_the_worker(setup):
-    fwd, peer, late, _ = setup
-    header = request(fwd)
-    send = asyncio.create_task(fwd.send("w1", header, {"X": X}, timeout_s=0.2))
-    identity, seen, _ = await peer.request()
-    with pytest.raises(DeadlineExceeded):
-        await send
-    _, cancel, frames = await asyncio.wait_for(peer.request(), 5)
-    assert cancel.kind == tensor_pb2.KIND_CANCEL and cancel.request_id == seen.request_id and not frames
-    assert fwd.in_flight("w1") == 1  # counted until the worker answers (it says "cancelled")
-    await peer.reply(identity, ok_reply(seen), [])
-    for _ in range(200):
-        if fwd.in_flight("w1") == 0:
-            break
-        await asyncio.sleep(0.01)
-    assert fwd.in_flight("w1") == 0 and late == [1]
