@@ -417,6 +417,35 @@ async def test_a_store_that_never_reached_etcd_says_unavailable() -> None:
             await store.grant_lease(5)
 
 
+async def test_a_task_being_cancelled_stops_instead_of_retrying(key_prefix: str) -> None:
+    """grpc can absorb a cancel inside a call and fail the call instead; the store must then raise
+    CancelledError, not a transient error a watch would retry forever (the election hang in CI)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        endpoint = f"127.0.0.1:{sock.getsockname()[1]}"
+    async with EtcdStore([endpoint], timeout=1.0) as store:
+
+        async def absorbed_cancel_then_call() -> None:
+            asyncio.current_task().cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(1)  # the cancel lands here and is absorbed, as grpc's would be
+            await store.get(key_prefix + "k")
+
+        async def absorbed_cancel_then_watch() -> None:
+            asyncio.current_task().cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(1)
+            async with contextlib.aclosing(store.watch_prefix(key_prefix, start_revision=1)) as watch:
+                async for _ in watch:
+                    pass
+
+        for work in (absorbed_cancel_then_call, absorbed_cancel_then_watch):
+            task = asyncio.create_task(work())
+            done, _ = await asyncio.wait([task], timeout=10)
+            assert done, f"{work.__name__} went on after its task was cancelled"
+            assert task.cancelled(), task.exception()
+
+
 async def test_a_closed_store_says_so(etcd_endpoint: str) -> None:
     store = EtcdStore([etcd_endpoint])
     with pytest.raises(errors.FailedPrecondition, match="connect"):

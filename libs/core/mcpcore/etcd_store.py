@@ -179,6 +179,12 @@ class EtcdStore(Store):
         try:
             yield
         except (grpc.aio.AioRpcError, EtcdError, TimeoutError, asyncio.InvalidStateError) as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # The caller asked this task to stop; grpc can absorb that request inside a call (its
+                # preparation task swallows CancelledError) and surface a timeout or a dead call instead.
+                # Mapped, that would read as a transient etcd error and a retry loop would go on forever.
+                raise asyncio.CancelledError() from exc
             raise self._map(exc) from exc
 
     def _services(self) -> tuple[KVService, LeaseService, grpc.aio.Channel]:
