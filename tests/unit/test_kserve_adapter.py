@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
 
+from mcp_router import kserve_wire
 from mcp_router.dataplane import (
     Batching,
     BatchSizeStats,
@@ -126,6 +128,14 @@ def dp() -> FakeDataPlane:
 @pytest.fixture
 def svc(dp: FakeDataPlane) -> KServeServicer:
     return KServeServicer(dp, version="0.1.0")
+
+
+async def model_infer(
+    svc: KServeServicer, request: pb.ModelInferRequest, context: Any
+) -> pb.ModelInferResponse:
+    """ModelInfer as grpc runs it: the request through its deserializer, the reply bytes parsed back."""
+    received = kserve_wire.parse_request(request.SerializeToString())
+    return pb.ModelInferResponse.FromString(await svc.ModelInfer(received, context))
 
 
 def raw_request(*arrays: tuple[str, np.ndarray], **kwargs) -> pb.ModelInferRequest:  # type: ignore[no-untyped-def]
@@ -268,7 +278,7 @@ async def test_model_statistics_of_a_version_needs_the_model(svc, dp):
 @pytest.mark.parametrize("datatype", NUMERIC)
 async def test_raw_round_trip_every_dtype(svc, dp, datatype):
     x = sample(datatype)
-    resp = await svc.ModelInfer(raw_request(("INPUT0", x)), None)
+    resp = await model_infer(svc, raw_request(("INPUT0", x)), None)
     got = dp.calls[0][1][3]["INPUT0"]
     assert got.dtype == x.dtype and got.shape == x.shape and not got.flags.writeable  # a view, no copy
     np.testing.assert_array_equal(got, x)
@@ -278,14 +288,14 @@ async def test_raw_round_trip_every_dtype(svc, dp, datatype):
 
 async def test_bytes_travel_length_prefixed_raw_or_as_bytes_contents(svc, dp):
     text = np.array([[b"hello", b""], [b"\xff\x00", "caf\u00e9".encode()]], dtype=object)
-    resp = await svc.ModelInfer(raw_request(("INPUT0", text)), None)
+    resp = await model_infer(svc, raw_request(("INPUT0", text)), None)
     got = dp.calls[0][1][3]["INPUT0"]
     assert got.dtype == object and got.tolist() == text.tolist()
     assert resp.outputs[0].datatype == "BYTES" and decode(resp)["OUTPUT0"].tolist() == text.tolist()
     assert resp.raw_output_contents[0] == b"\x05\0\0\0hello\0\0\0\0\x02\0\0\0\xff\x00\x05\0\0\0caf\xc3\xa9"
     req = pb.ModelInferRequest(model_name="demo-mlp")
     req.inputs.add(name="INPUT0", datatype="BYTES", shape=[2]).contents.bytes_contents.extend([b"a", b"bc"])
-    await svc.ModelInfer(req, None)
+    await model_infer(svc, req, None)
     assert dp.calls[1][1][3]["INPUT0"].tolist() == [b"a", b"bc"]
 
 
@@ -295,7 +305,7 @@ async def test_typed_contents_every_dtype(svc, dp, datatype):
     req = pb.ModelInferRequest(model_name="demo-mlp")
     tensor = req.inputs.add(name="INPUT0", datatype=datatype, shape=x.shape)
     getattr(tensor.contents, TYPED_FIELD[datatype]).extend(x.ravel().tolist())
-    resp = await svc.ModelInfer(req, None)
+    resp = await model_infer(svc, req, None)
     got = dp.calls[0][1][3]["INPUT0"]
     assert got.dtype == x.dtype
     np.testing.assert_array_equal(got, x)
@@ -304,7 +314,7 @@ async def test_typed_contents_every_dtype(svc, dp, datatype):
 
 async def test_several_inputs_keep_their_order_and_names(svc, dp):
     a, b = sample("FP32", (4, 64)), sample("INT64", (4,))
-    await svc.ModelInfer(raw_request(("INPUT0", a), ("INPUT1", b)), None)
+    await model_infer(svc, raw_request(("INPUT0", a), ("INPUT1", b)), None)
     inputs = dp.calls[0][1][3]
     assert list(inputs) == ["INPUT0", "INPUT1"]
     np.testing.assert_array_equal(inputs["INPUT1"], b)
@@ -313,7 +323,7 @@ async def test_several_inputs_keep_their_order_and_names(svc, dp):
 async def test_empty_tensor_without_data_is_allowed(svc, dp):
     req = pb.ModelInferRequest(model_name="demo-mlp")
     req.inputs.add(name="INPUT0", datatype="FP32", shape=[0, 64])
-    await svc.ModelInfer(req, None)
+    await model_infer(svc, req, None)
     assert dp.calls[0][1][3]["INPUT0"].shape == (0, 64)
 
 
@@ -402,7 +412,7 @@ def shared_memory_input() -> pb.ModelInferRequest:
 )
 async def test_bad_inputs_are_invalid_argument_naming_the_tensor(svc, dp, request_factory, message):
     with pytest.raises(InvalidArgument) as info:
-        await svc.ModelInfer(request_factory(), None)
+        await model_infer(svc, request_factory(), None)
     assert message in info.value.message
     assert dp.calls == []
 
@@ -413,7 +423,7 @@ async def test_bad_inputs_are_invalid_argument_naming_the_tensor(svc, dp, reques
 async def test_requested_outputs_subset_in_requested_order(svc, dp):
     dp.outputs = {name: np.full((2,), i, np.int32) for i, name in enumerate(("A", "B", "C"))}
     req = raw_request(ZEROS, outputs=[{"name": "C"}, {"name": "A"}])
-    resp = await svc.ModelInfer(req, None)
+    resp = await model_infer(svc, req, None)
     assert [o.name for o in resp.outputs] == ["C", "A"]
     assert decode(resp)["C"].tolist() == [2, 2] and decode(resp)["A"].tolist() == [0, 0]
     assert dp.calls[0][2]["outputs"] == ("C", "A")
@@ -421,7 +431,7 @@ async def test_requested_outputs_subset_in_requested_order(svc, dp):
 
 async def test_no_requested_outputs_returns_all(svc, dp):
     dp.outputs = {"A": np.zeros(1, np.float32), "B": np.ones((1, 2), np.float64)}
-    resp = await svc.ModelInfer(raw_request(ZEROS), None)
+    resp = await model_infer(svc, raw_request(ZEROS), None)
     assert [(o.name, o.datatype, list(o.shape)) for o in resp.outputs] == [
         ("A", "FP32", [1]),
         ("B", "FP64", [1, 2]),
@@ -434,7 +444,7 @@ async def test_a_requested_output_the_dataplane_left_out_is_left_out(svc, dp):
     level 2 it leaves out): the adapter encodes what it got, in the order asked."""
     dp.outputs = {"OUTPUT0": np.zeros(1, np.float32)}
     req = raw_request(ZEROS, outputs=[{"name": "RANK0"}, {"name": "OUTPUT0"}])
-    resp = await svc.ModelInfer(req, None)
+    resp = await model_infer(svc, req, None)
     assert [o.name for o in resp.outputs] == ["OUTPUT0"]
 
 
@@ -442,20 +452,20 @@ async def test_classification_output_is_refused(svc):
     req = raw_request(ZEROS, outputs=[{"name": "OUTPUT0"}])
     req.outputs[0].parameters["classification"].int64_param = 3
     with pytest.raises(InvalidArgument, match="output OUTPUT0: parameter 'classification' is not supported"):
-        await svc.ModelInfer(req, None)
+        await model_infer(svc, req, None)
 
 
 async def test_non_contiguous_output_is_sent_row_major(svc, dp):
     y = np.arange(12, dtype=np.float32).reshape(3, 4).T  # Fortran-ordered view
     dp.outputs = {"OUTPUT0": y}
-    resp = await svc.ModelInfer(raw_request(ZEROS), None)
+    resp = await model_infer(svc, raw_request(ZEROS), None)
     np.testing.assert_array_equal(decode(resp)["OUTPUT0"], y)
 
 
 async def test_output_with_no_tensor_type_is_internal(svc, dp):
     dp.outputs = {"OUTPUT0": np.zeros(2, np.complex64)}
     with pytest.raises(Internal, match="output OUTPUT0 of model demo-mlp"):
-        await svc.ModelInfer(raw_request(ZEROS), None)
+        await model_infer(svc, raw_request(ZEROS), None)
 
 
 # --- parameters ------------------------------------------------------------------------------------------
@@ -469,7 +479,7 @@ async def test_parameters_map_to_dataplane_arguments(svc, dp):
     req.parameters["tenant"].string_param = "blue"
     req.parameters["verbose"].bool_param = True
     req.parameters["ratio"].double_param = 0.5
-    resp = await svc.ModelInfer(req, None)
+    resp = await model_infer(svc, req, None)
     _, (model, version, request_id, _), kwargs = dp.calls[0]
     assert (model, version, request_id) == ("demo-mlp", "2", "req-7")
     assert kwargs["routing_key"] == "user-42" and kwargs["priority"] == 3
@@ -480,12 +490,12 @@ async def test_parameters_map_to_dataplane_arguments(svc, dp):
 
 
 async def test_defaults_and_the_clients_id_only_echoed(svc, dp):
-    resp = await svc.ModelInfer(raw_request(ZEROS), None)
+    resp = await model_infer(svc, raw_request(ZEROS), None)
     _, (_, version, request_id, _), kwargs = dp.calls[0]
     assert version == "" and request_id == "" and resp.id == ""  # no id given: none made up (as Triton)
     req = raw_request(ZEROS)
     req.id = "0"  # many clients count from 0: the id is echoed, never used to match replies
-    assert (await svc.ModelInfer(req, None)).id == "0"
+    assert (await model_infer(svc, req, None)).id == "0"
     assert kwargs == {
         "routing_key": "", "priority": 0, "timeout_s": None, "outputs": (), "parameters": {},
         "sequence": None, "on_partial": None, "trace": None,
@@ -498,7 +508,7 @@ async def test_sequence_id_keys_the_route(svc, dp, kind, value):
     setattr(req.parameters["sequence_id"], kind, value)
     req.parameters["priority"].int64_param = 1
     req.parameters["sequence_start"].bool_param = True
-    await svc.ModelInfer(req, None)
+    await model_infer(svc, req, None)
     assert dp.calls[0][2]["routing_key"] == str(value) and dp.calls[0][2]["priority"] == 1
     assert dp.calls[0][2]["sequence"] == SequenceFlags(str(value), start=True, end=False)
     assert dp.calls[0][2]["parameters"] == {}  # the router's to act on, not the model's (nor the batch key)
@@ -522,7 +532,7 @@ async def test_bad_request_parameters_are_refused(svc, dp, params, message):
     for key, (kind, value) in params.items():
         setattr(req.parameters[key], kind, value)
     with pytest.raises(InvalidArgument, match=message):
-        await svc.ModelInfer(req, None)
+        await model_infer(svc, req, None)
     assert dp.calls == []
 
 
@@ -534,7 +544,7 @@ async def test_timeout_is_the_shorter_of_parameter_and_deadline(svc, dp, timeout
     req = raw_request(ZEROS)
     if timeout_us:
         req.parameters["timeout"].int64_param = timeout_us
-    await svc.ModelInfer(req, FakeContext(remaining))
+    await model_infer(svc, req, FakeContext(remaining))
     assert dp.calls[0][2]["timeout_s"] == (pytest.approx(expected) if expected else None)
 
 
@@ -552,7 +562,7 @@ async def test_bad_parameters_are_invalid_argument(svc, dp, key, kind, value, me
     req = raw_request(ZEROS)
     setattr(req.parameters[key], kind, value)
     with pytest.raises(InvalidArgument, match=message):
-        await svc.ModelInfer(req, None)
+        await model_infer(svc, req, None)
     assert dp.calls == []
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
 import grpc
@@ -279,12 +279,15 @@ def _guard_stream(behavior: Any, method: str) -> Any:
     return agen
 
 
-def _guard(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+#: A method's own (request deserializer, response serializer), in place of the generated ones; None:
+#: the bytes as they are (the method takes raw bytes, or returns its reply serialized).
+Codec = tuple[Callable[[bytes], Any] | None, Callable[[Any], bytes] | None]
+
+
+def _guard(handler: grpc.RpcMethodHandler, method: str, codec: Codec | None = None) -> grpc.RpcMethodHandler:
     """``handler`` with the MCPError mapping around its behaviour (decided once, not per call)."""
-    options = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
+    deserialize, serialize = codec or (handler.request_deserializer, handler.response_serializer)
+    options = {"request_deserializer": deserialize, "response_serializer": serialize}
     if handler.unary_unary is not None:
         return grpc.unary_unary_rpc_method_handler(_guard_unary(handler.unary_unary, method), **options)
     if handler.stream_unary is not None:
@@ -292,6 +295,13 @@ def _guard(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler
     if handler.unary_stream is not None:
         return grpc.unary_stream_rpc_method_handler(_guard_stream(handler.unary_stream, method), **options)
     return grpc.stream_stream_rpc_method_handler(_guard_stream(handler.stream_stream, method), **options)
+
+
+def _codec(handler: grpc.RpcMethodHandler, name: str) -> Codec | None:
+    """The servicer's own codec for method ``name``, from its ``grpc_codecs`` mapping if it has one."""
+    behaviour = handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
+    codecs = getattr(getattr(behaviour, "__self__", None), "grpc_codecs", None) or {}
+    return codecs.get(name)
 
 
 class GuardedServer:
@@ -310,6 +320,6 @@ class GuardedServer:
     def add_registered_method_handlers(
         self, service: str, handlers: Mapping[str, grpc.RpcMethodHandler]
     ) -> None:
-        guarded = {name: _guard(h, f"/{service}/{name}") for name, h in handlers.items()}
+        guarded = {name: _guard(h, f"/{service}/{name}", _codec(h, name)) for name, h in handlers.items()}
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, guarded),))
         self._server.add_registered_method_handlers(service, guarded)

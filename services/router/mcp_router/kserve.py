@@ -25,13 +25,13 @@ Invariants:
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from mcp_router import logsettings, stream, trace
+from mcp_router import kserve_wire, logsettings, stream, trace
 from mcp_router.dataplane import (
     DataPlane,
     Duration,
@@ -176,28 +176,41 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         stats = await self._dataplane.model_statistics(request.name, request.version)
         return pb.ModelStatisticsResponse(model_stats=[statistics_proto(s) for s in stats])
 
-    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        return await self._infer(request, _time_remaining(context))
+    #: ModelInfer's bytes are read and written by ``kserve_wire`` (no copies of the tensors); the other
+    #: methods use the generated protobuf codecs.
+    grpc_codecs = {"ModelInfer": (kserve_wire.parse_request, None)}  # None: it returns bytes
+
+    async def ModelInfer(self, request: kserve_wire.InferRequest, context: Any) -> bytes:
+        response, raw = await self._infer(request.message, request.raw, _time_remaining(context))
+        return kserve_wire.serialize_response(response, raw)
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Every request on the stream runs at once; answers come back as they finish, each with its
         request's id, and an error is an answer too (``mcp_router.stream``)."""
-        async for answer in stream.serve(requests, lambda r, partial: self._infer(r, None, partial)):
+
+        async def infer(
+            request: pb.ModelInferRequest, partial: Callable[[pb.ModelInferResponse], None]
+        ) -> pb.ModelInferResponse:
+            return _whole(*await self._infer(request, request.raw_input_contents, None, partial))
+
+        async for answer in stream.serve(requests, infer):
             yield answer
 
     async def _infer(
         self,
         request: pb.ModelInferRequest,
+        raw: Sequence[Any],
         deadline_s: float | None,
         partial: Callable[[pb.ModelInferResponse], None] | None = None,
-    ) -> pb.ModelInferResponse:
-        """Run one request; with ``partial`` (a stream), a decoupled model's answers before its last go
-        there, encoded, as they come."""
+    ) -> tuple[pb.ModelInferResponse, list[Any]]:
+        """Run one request (``raw``: its raw input entries); returns the response and its raw output
+        entries apart (``_encode_response``). With ``partial`` (a stream), a decoupled model's answers
+        before its last go there, encoded, as they come."""
         if not request.model_name:
             raise InvalidArgument("model_name is empty; name the model to run")
-        inputs = decode_inputs(request, self._shm)
+        inputs = decode_inputs(request, self._shm, raw)
         requested, into_shm = _requested_outputs(request)
         options = infer_options({key: _param_value(p) for key, p in request.parameters.items()}, deadline_s)
         request_id = request.id  # the client's: only echoed in the response (the wire id is the router's)
@@ -206,7 +219,7 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
             send = partial
 
             def on_partial(result: InferResult) -> None:
-                send(_encode_response(result, request_id, requested))
+                send(_whole(*_encode_response(result, request_id, requested)))
 
         traced = trace.begin(self._tracer, request.model_name, request.model_version, request_id, inputs)
         try:
@@ -467,10 +480,13 @@ def model_config_proto(info: ModelConfigInfo) -> mc.ModelConfig:
 # --- inputs ------------------------------------------------------------------------------------------
 
 
-def decode_inputs(request: pb.ModelInferRequest, shm: SharedMemory | None = None) -> dict[str, np.ndarray]:
-    """The request's input tensors by name, from ``raw_input_contents``, typed ``contents`` or a system
-    shared memory region registered with ``shm``."""
-    raw = request.raw_input_contents
+def decode_inputs(
+    request: pb.ModelInferRequest, shm: SharedMemory | None = None, raw: Sequence[Any] | None = None
+) -> dict[str, np.ndarray]:
+    """The request's input tensors by name, from its raw entries (``raw``, else its own
+    ``raw_input_contents``), typed ``contents`` or a system shared memory region registered with ``shm``."""
+    if raw is None:
+        raw = request.raw_input_contents
     # raw entries belong, in order, to the inputs that are not in shared memory (as tritonclient sends them)
     carried = [t for t in request.inputs if "shared_memory_region" not in t.parameters]
     if raw and len(raw) != len(carried):
@@ -491,7 +507,7 @@ def decode_inputs(request: pb.ModelInferRequest, shm: SharedMemory | None = None
 
 
 def _decode_tensor(
-    tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None, shm: SharedMemory | None
+    tensor: pb.ModelInferRequest.InferInputTensor, raw: Any, shm: SharedMemory | None
 ) -> np.ndarray:
     name = tensor.name
     shape = check_shape(f"input {name}", tuple(tensor.shape))
@@ -713,8 +729,12 @@ def _encode_response(
     requested: tuple[str, ...],
     into_shm: Mapping[str, tuple[str, int, int]] | None = None,
     shm: SharedMemory | None = None,
-) -> pb.ModelInferResponse:
+) -> tuple[pb.ModelInferResponse, list[Any]]:
+    """The response without its raw output entries, and those entries (each output's own buffer, or b""
+    for one written to shared memory): ``kserve_wire.serialize_response`` copies them once, into the
+    bytes grpc sends; ``_whole`` puts them in the message (a stream's answers)."""
     response = pb.ModelInferResponse(model_name=result.model, model_version=result.version, id=request_id)
+    raw: list[Any] = []
     # the DataPlane checked the requested names: one it left out is a secondary output off at breaker
     # level 2, left out of the answer too
     for name in [n for n in requested if n in result.outputs] if requested else tuple(result.outputs):
@@ -729,7 +749,12 @@ def _encode_response(
         if target is not None and shm is not None:  # written there; an empty entry keeps the indices
             region, offset, size = target
             shm.write(region, offset, size, data, what=f"output {name}")
-            response.raw_output_contents.append(b"")
+            raw.append(b"")
         else:
-            response.raw_output_contents.append(bytes(data))
+            raw.append(data)
+    return response, raw
+
+
+def _whole(response: pb.ModelInferResponse, raw: list[Any]) -> pb.ModelInferResponse:
+    response.raw_output_contents.extend(bytes(data) for data in raw)
     return response

@@ -1,0 +1,72 @@
+"""kserve_wire: ModelInfer requests parsed with their raw entries as views, responses written with
+their raw entries copied once; whatever protobuf would refuse is still refused, by protobuf."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from google.protobuf.message import DecodeError
+
+from mcp_router import kserve_wire
+from mcpapi.kserve import grpc_service_pb2 as pb
+
+
+def request(*sizes: int) -> pb.ModelInferRequest:
+    r = pb.ModelInferRequest(model_name="m", model_version="2", id="req-7")
+    r.parameters["priority"].int64_param = 3
+    r.parameters["note"].string_param = "x" * 300  # a field after a multi-byte length
+    for i, size in enumerate(sizes):
+        t = r.inputs.add(name=f"IN{i}", datatype="UINT8", shape=[size])
+        t.parameters["k"].bool_param = True
+        r.raw_input_contents.append(np.random.default_rng(i).bytes(size))
+    r.outputs.add(name="OUT")
+    return r
+
+
+def test_a_large_request_keeps_its_raw_entries_as_views_of_the_received_bytes():
+    sent = request(kserve_wire.SPLIT_FROM_BYTES, 5, 0, 1 << 20)
+    data = sent.SerializeToString()
+    got = kserve_wire.parse_request(data)
+    assert [bytes(r) for r in got.raw] == list(sent.raw_input_contents)
+    assert all(isinstance(r, memoryview) and r.obj is data for r in got.raw)  # no copy was made
+    assert len(got.message.raw_input_contents) == 0
+    expected = pb.ModelInferRequest()
+    expected.CopyFrom(sent)
+    del expected.raw_input_contents[:]
+    assert got.message == expected
+
+
+def test_a_small_request_is_parsed_by_protobuf_whole():
+    sent = request(16, 3)
+    got = kserve_wire.parse_request(sent.SerializeToString())
+    assert got.message == sent and list(got.raw) == list(sent.raw_input_contents)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda d: d[: len(d) - 1000],  # a raw entry cut short
+        lambda d: d + b"\x3a\xff\xff\xff\xff\x0f",  # a raw entry longer than the message
+        lambda d: d + b"\x80" * 11,  # a varint that never ends
+        lambda d: d + b"\x0b",  # a group (field 1, start group)
+        lambda d: d + b"\x3f",  # wire type 7 does not exist
+    ],
+)
+def test_bytes_that_do_not_walk_meet_protobufs_own_checks(damage):
+    data = damage(request(kserve_wire.SPLIT_FROM_BYTES).SerializeToString())
+    with pytest.raises(DecodeError):
+        pb.ModelInferRequest.FromString(data)
+    with pytest.raises(DecodeError):
+        kserve_wire.parse_request(data)
+
+
+def test_a_response_serializes_with_its_raw_entries_in_order():
+    response = pb.ModelInferResponse(model_name="m", model_version="1", id="abc")
+    response.outputs.add(name="A", datatype="FP32", shape=[2, 3])
+    response.outputs.add(name="B", datatype="BYTES", shape=[1])
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    big = np.random.default_rng(0).bytes(300_000)
+    data = kserve_wire.serialize_response(response, [a, b"", memoryview(big)])
+    back = pb.ModelInferResponse.FromString(data)
+    assert list(back.raw_output_contents) == [a.tobytes(), b"", big]
+    assert back.id == "abc" and [o.name for o in back.outputs] == ["A", "B"]
