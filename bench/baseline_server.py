@@ -1,46 +1,44 @@
-"""The one-hop baseline for ``make bench``: a plain grpc.aio server running the demo MLP in numpy.
+"""The one-hop baseline for ``make bench``: a plain grpc.aio server running the peers' MLP in numpy.
 
-``python bench/baseline_server.py REPO`` serves ``mcpapi.v2.Inference/Infer`` for demo-mlp/1 (same weights,
-same contract as the router: OUTPUT0 and the RANK0 head), prints ``READY <port>``; what the router + worker
-add is measured against it.
+``python bench/baseline_server.py`` serves KServe V2 ``inference.GRPCInferenceService/ModelInfer`` for
+``bench-mlp`` (same weights as ``peer_model``, same request and response bytes as the router's front door:
+``INPUT`` in ``raw_input_contents``, ``OUTPUT`` in ``raw_output_contents``), prints ``READY <port>``; what
+the router + worker add is measured against it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import grpc
 import numpy as np
-import safetensors.numpy
+from peer_model import weights
 
-from mcpapi.v2 import inference_pb2, inference_pb2_grpc
+from mcpapi.kserve import grpc_service_pb2 as pb
 
-
-class Baseline(inference_pb2_grpc.InferenceServicer):
-    def __init__(self, repo: Path) -> None:
-        self.w = safetensors.numpy.load_file(str(repo / "demo-mlp" / "1" / "weights.safetensors"))
-
-    async def Infer(self, request, context):  # type: ignore[no-untyped-def]
-        w = self.w
-        t = request.inputs[0]
-        x = np.frombuffer(t.data, np.float32).reshape(tuple(t.shape))
-        hidden = np.maximum(x @ w["fc1.weight"] + w["fc1.bias"], 0)
-        y = hidden @ w["fc2.weight"] + w["fc2.bias"]
-        r = np.maximum(hidden @ w["rank1.weight"] + w["rank1.bias"], 0) @ w["rank2.weight"] + w["rank2.bias"]
-        r = np.exp(r - r.max(axis=-1, keepdims=True))
-        r /= r.sum(axis=-1, keepdims=True)
-        outs = [
-            inference_pb2.Tensor(name=name, dtype=11, shape=a.shape, data=a.astype(np.float32).tobytes())
-            for name, a in (("OUTPUT0", y), ("RANK0", r))
-        ]
-        return inference_pb2.InferResponse(model=request.model, version="1", outputs=outs)
+W = weights()
 
 
-async def main(repo: Path) -> None:
+async def model_infer(request: pb.ModelInferRequest, context: object) -> pb.ModelInferResponse:
+    t = request.inputs[0]
+    x = np.frombuffer(request.raw_input_contents[0], np.float32).reshape(tuple(t.shape))
+    hidden = np.maximum(x @ W["fc1.weight"] + W["fc1.bias"], 0)
+    y = (hidden @ W["fc2.weight"] + W["fc2.bias"]).astype(np.float32)
+    response = pb.ModelInferResponse(model_name=request.model_name, model_version="1", id=request.id)
+    response.outputs.add(name="OUTPUT", datatype="FP32", shape=y.shape)
+    response.raw_output_contents.append(y.tobytes())
+    return response
+
+
+async def main() -> None:
     server = grpc.aio.server()
-    inference_pb2_grpc.add_InferenceServicer_to_server(Baseline(repo), server)
+    handler = grpc.unary_unary_rpc_method_handler(
+        model_infer,
+        request_deserializer=pb.ModelInferRequest.FromString,
+        response_serializer=pb.ModelInferResponse.SerializeToString,
+    )
+    service = grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {"ModelInfer": handler})
+    server.add_generic_rpc_handlers((service,))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     print(f"READY {port}", flush=True)
@@ -48,4 +46,4 @@ async def main(repo: Path) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(Path(sys.argv[1])))
+    asyncio.run(main())

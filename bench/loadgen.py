@@ -1,7 +1,8 @@
 """Load generator in its own process: ``python bench/loadgen.py HOST:PORT MODEL CONC SECONDS [--rate R]``.
 
 Closed loop (default): ``CONC`` coroutines each send a one-row FP32 [1, 64] ``mcpapi.v2.Inference/Infer``
-and wait for the answer, for ``SECONDS`` after a short warm-up. Open loop (``--rate R``): requests start
+(``--kserve``: KServe V2 ``ModelInfer``, input ``INPUT`` in ``raw_input_contents``) and wait for the
+answer, for ``SECONDS`` after a short warm-up. Open loop (``--rate R``): requests start
 at Poisson times, ``R`` a second, whatever the answers (at most ``CONC`` at once, so a stalled server
 cannot make the generator itself grow), the way traffic from many users arrives at an overloaded server.
 Prints one JSON line: rps (answered), p50/p99 latency (ms) of answered requests, errors, and for refusals
@@ -15,10 +16,12 @@ import asyncio
 import json
 import random
 import time
+from typing import Any
 
 import grpc
 import numpy as np
 
+from mcpapi.kserve import grpc_service_pb2 as kserve_pb
 from mcpapi.v2 import inference_pb2, inference_pb2_grpc
 
 REFUSED = "exceeds maximum queue size"
@@ -28,17 +31,34 @@ def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.array(values) * 1e3, q)) if values else 0.0
 
 
-async def run(target: str, model: str, conc: int, seconds: float, rate: float = 0.0) -> dict[str, float]:
+def _call(channel: grpc.aio.Channel, model: str, kserve: bool) -> tuple[Any, Any]:
+    """(the one request every client sends, the unary call that sends it)."""
     x = np.random.default_rng(0).random((1, 64), dtype=np.float32)
-    request = inference_pb2.InferRequest(
-        model=model, inputs=[inference_pb2.Tensor(name="INPUT0", dtype=11, shape=[1, 64], data=x.tobytes())]
+    if not kserve:
+        tensor = inference_pb2.Tensor(name="INPUT0", dtype=11, shape=[1, 64], data=x.tobytes())
+        return inference_pb2.InferRequest(model=model, inputs=[tensor]), inference_pb2_grpc.InferenceStub(
+            channel
+        ).Infer
+    request = kserve_pb.ModelInferRequest(model_name=model)
+    request.inputs.add(name="INPUT", datatype="FP32", shape=x.shape)
+    request.raw_input_contents.append(x.tobytes())
+    call = channel.unary_unary(
+        "/inference.GRPCInferenceService/ModelInfer",
+        request_serializer=kserve_pb.ModelInferRequest.SerializeToString,
+        response_deserializer=kserve_pb.ModelInferResponse.FromString,
     )
+    return request, call
+
+
+async def run(
+    target: str, model: str, conc: int, seconds: float, *, rate: float = 0.0, kserve: bool = False
+) -> dict[str, float]:
     ok: list[float] = []
     refused: list[float] = []
     errors = 0
     measuring = False
     async with grpc.aio.insecure_channel(target) as channel:
-        infer = inference_pb2_grpc.InferenceStub(channel).Infer
+        request, infer = _call(channel, model, kserve)
 
         async def one() -> None:
             nonlocal errors
@@ -104,5 +124,7 @@ if __name__ == "__main__":
     parser.add_argument("conc", type=int)
     parser.add_argument("seconds", type=float)
     parser.add_argument("--rate", type=float, default=0.0, help="open loop: requests a second")
+    parser.add_argument("--kserve", action="store_true", help="KServe V2 ModelInfer, input INPUT")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args.target, args.model, args.conc, args.seconds, args.rate))))
+    figures = run(args.target, args.model, args.conc, args.seconds, rate=args.rate, kserve=args.kserve)
+    print(json.dumps(asyncio.run(figures)))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -19,8 +20,10 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+import peer_model
 import zmq
 
+from mcpapi.kserve import grpc_service_pb2 as kserve_pb
 from mcpapi.v2 import control_pb2, control_pb2_grpc, inference_pb2, inference_pb2_grpc, model_pb2
 from mcpclient.localetcd import EtcdServer
 from mcpcore.etcd_store import EtcdStore
@@ -31,23 +34,96 @@ BENCH = ROOT / "bench"
 LAG_WINDOW_S = 10.0  # the c=64 run's length, whatever --seconds says: the loop-lag p99 needs its samples
 
 
+MODEL = "bench-mlp"  # the peers' MLP (peer_model), over the KServe V2 front door
+BULK_MODEL = "bench-bulk"
+BULK_ROUNDS = 8
+GRPC_LIMITS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+
+
 def _loadgen(target: str, model: str, conc: int, seconds: float) -> dict[str, float]:
     out = subprocess.run(
-        [sys.executable, str(BENCH / "loadgen.py"), target, model, str(conc), str(seconds)],
+        [sys.executable, str(BENCH / "loadgen.py"), target, model, str(conc), str(seconds), "--kserve"],
         capture_output=True, text=True, check=True, timeout=seconds + 60,
     )  # fmt: skip
     return json.loads(out.stdout)
 
 
-def _baseline(repo: Path) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, str(BENCH / "baseline_server.py"), str(repo)], stdout=subprocess.PIPE, text=True
-    )
-    line = proc.stdout.readline().split()  # "ready PORT"
+def _baseline() -> tuple[subprocess.Popen[str], str]:
+    command = [sys.executable, str(BENCH / "baseline_server.py")]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline().split()  # "READY PORT"
     if len(line) != 2:
         proc.kill()
-        raise RuntimeError(f"baseline server did not start on {repo} (it printed {line!r})")
+        raise RuntimeError(f"baseline server did not start (it printed {line!r})")
     return proc, f"127.0.0.1:{line[1]}"
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _median_ms(call, payload: bytes, rounds: int) -> float:  # type: ignore[no-untyped-def]
+    call(payload)  # warm-up: connections, pool blocks
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        call(payload)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def _write_models(repo: Path) -> None:
+    peer_model.write(repo)
+    same = {True: "yes", False: "NO", None: "(no harness here to compare)"}[peer_model.same_as_peers()]
+    print(f"model {MODEL}: the peers harness's MLP; same weights as ../shared/peers: {same}")
+
+
+def _cpu_figures(cpu: dict[str, float], answered: float, router: str, worker: str) -> dict[str, float]:
+    """CPU milliseconds per answered request, of each mesh process and of all of them."""
+    per_req = {name: spent * 1e3 / max(answered, 1) for name, spent in cpu.items()}
+    total = sum(per_req.values())
+    print("mesh CPU per request at c=64: " + ", ".join(f"{name} {ms:.3f} ms" for name, ms in per_req.items())
+          + f" (all: {total:.3f} ms; aim <= 0.35)")  # fmt: skip
+    return {
+        "e2e_cpu_ms_per_req_c64": round(total, 3),
+        "e2e_router_cpu_ms_per_req_c64": round(per_req[router], 3),
+        "e2e_worker_cpu_ms_per_req_c64": round(per_req[worker], 3),
+    }
+
+
+def bench_bulk(router: str) -> dict[str, float]:
+    """One 16 MiB FP32 request and its 16 MiB reply through router and worker (bench-bulk: ReLU), against
+    one plain gRPC echo of the same request bytes (echo_server.py, another process)."""
+    x = np.random.default_rng(0).standard_normal((1, peer_model.BULK_FLOATS)).astype(np.float32)
+    request = kserve_pb.ModelInferRequest(model_name=BULK_MODEL)
+    request.inputs.add(name="INPUT", datatype="FP32", shape=x.shape)
+    request.raw_input_contents.append(x.tobytes())
+    payload = request.SerializeToString()
+    with grpc.insecure_channel(router, options=GRPC_LIMITS) as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        reply = kserve_pb.ModelInferResponse.FromString(infer(payload, timeout=60))
+        if np.frombuffer(reply.raw_output_contents[0], np.float32).tobytes() != np.maximum(x, 0).tobytes():
+            raise RuntimeError("bench-bulk answered something other than ReLU of its input")
+        mesh_ms = _median_ms(lambda p: infer(p, timeout=60), payload, BULK_ROUNDS)
+    command = [sys.executable, str(BENCH / "echo_server.py")]
+    server = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        _, _, grpc_port, _ = server.stdout.readline().split()
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}", options=GRPC_LIMITS) as channel:
+            echo = channel.unary_unary("/bench.Echo/Echo")
+            echo_ms = _median_ms(echo, payload, BULK_ROUNDS)
+    finally:
+        server.kill()
+        server.wait(10)
+    ratio = mesh_ms / echo_ms
+    print(
+        f"bulk 16 MiB request + 16 MiB reply through router and worker: median {mesh_ms:.1f} ms | "
+        f"plain gRPC echo of the same bytes: {echo_ms:.1f} ms -> {ratio:.2f}x (target <= 1.5x)"
+    )
+    return {"e2e_bulk_16mib_ms": round(mesh_ms, 1), "grpc_echo_16mib_ms": round(echo_ms, 1),
+            "e2e_bulk_vs_grpc_echo": round(ratio, 2)}  # fmt: skip
 
 
 def _lag_buckets(proc) -> dict[float, float]:  # type: ignore[no-untyped-def]
@@ -81,12 +157,12 @@ def _flip_latency(etcd: str, prefix: str, router: str, rounds: int = 20) -> list
     """etcd write of a breaker level -> the router's Route answers with it (polled over gRPC)."""
     keys = Keyspace(prefix)
     route = inference_pb2_grpc.InferenceStub(grpc.insecure_channel(router)).Route
-    request = inference_pb2.RouteRequest(model="demo-mlp", routing_key="k")
+    request = inference_pb2.RouteRequest(model=MODEL, routing_key="k")
     samples = []
 
     async def put(level: int) -> None:
         async with EtcdStore([etcd]) as store:
-            await store.put(keys.breaker("demo-mlp"), json.dumps({"level": level}).encode())
+            await store.put(keys.breaker(MODEL), json.dumps({"level": level}).encode())
 
     for i in range(rounds):
         level = 1 + i % 2
@@ -101,6 +177,7 @@ def _flip_latency(etcd: str, prefix: str, router: str, rounds: int = 20) -> list
 
 def bench_e2e(repo: Path, seconds: float) -> dict[str, float]:
     sys.path.insert(0, str(ROOT / "tests" / "integration"))
+    _write_models(repo)
     from harness import RouterProcess, SchedulerProcess, WorkerProcess  # noqa: PLC0415  (test tooling)
 
     figures: dict[str, float] = {}
@@ -116,31 +193,41 @@ def bench_e2e(repo: Path, seconds: float) -> dict[str, float]:
             procs.append(SchedulerProcess(tmp, etcd.endpoint, prefix=prefix).start())
             router = RouterProcess(tmp, etcd.endpoint, prefix=prefix, scheduler="").start()
             procs.append(router)
-            baseline, base_target = _baseline(repo)
+            baseline, base_target = _baseline()
             control = control_pb2_grpc.ModelControlStub(procs[1].channel())
-            spec = model_pb2.ModelSpec(model="demo-mlp", versions=["1"], replicas=1)
-            control.LoadModel(control_pb2.LoadModelRequest(spec=spec), timeout=60)
+            for name in (MODEL, BULK_MODEL):
+                control.LoadModel(
+                    control_pb2.LoadModelRequest(
+                        spec=model_pb2.ModelSpec(model=name, versions=["1"], replicas=1)
+                    ),
+                    timeout=60,
+                )
             time.sleep(0.5)  # let the router's snapshot take the new routing (not a measurement)
             idle_before = {p.name: _lag_buckets(p) for p in procs}
             time.sleep(seconds)  # the idle baseline of the loop-lag figure: this machine's timer noise
             idle = {p.name: _p99(idle_before[p.name], _lag_buckets(p)) for p in procs}
             for conc in (1, 16, 64):
                 lag_before = {p.name: _lag_buckets(p) for p in procs}
+                cpu_before = {p.name: _cpu_s(p.proc.pid) for p in procs}
                 # the loop-lag figure is a p99 of one sample per 25 ms: at c=64 it gets >= 400 of them
                 window = max(seconds, LAG_WINDOW_S) if conc == 64 else seconds
-                mesh = _loadgen(router.endpoints["grpc"], "demo-mlp", conc, window)
+                mesh = _loadgen(router.endpoints["grpc"], MODEL, conc, window)
+                cpu = {p.name: _cpu_s(p.proc.pid) - cpu_before[p.name] for p in procs}
                 lag_after = {p.name: _lag_buckets(p) for p in procs}
                 lags = {name: _p99(lag_before[name], lag_after[name]) for name in lag_after}
                 figures[f"event_loop_lag_p99_ms_c{conc}"] = round(max(lags.values()) * 1e3, 2)
-                base = _loadgen(base_target, "demo-mlp", conc, seconds)
-                figures[f"e2e_rps_c{conc}"] = round(mesh["rps"])
-                figures[f"e2e_p50_ms_c{conc}"] = round(mesh["p50_ms"], 2)
-                figures[f"e2e_p99_ms_c{conc}"] = round(mesh["p99_ms"], 2)
-                figures[f"e2e_errors_c{conc}"] = mesh["errors"]
-                figures[f"baseline_rps_c{conc}"] = round(base["rps"])
-                figures[f"baseline_p99_ms_c{conc}"] = round(base["p99_ms"], 2)
+                base = _loadgen(base_target, MODEL, conc, seconds)
+                if conc == 64:
+                    figures.update(_cpu_figures(cpu, mesh["rps"] * window, router.name, procs[0].name))
+                figures.update({
+                    f"e2e_rps_c{conc}": round(mesh["rps"]), f"e2e_p50_ms_c{conc}": round(mesh["p50_ms"], 2),
+                    f"e2e_p99_ms_c{conc}": round(mesh["p99_ms"], 2), f"e2e_errors_c{conc}": mesh["errors"],
+                    f"baseline_rps_c{conc}": round(base["rps"]),
+                    f"baseline_p99_ms_c{conc}": round(base["p99_ms"], 2),
+                })  # fmt: skip
                 print(
-                    f"end to end (client -> router -> worker, batching), c={conc}: {mesh['rps']:,.0f} req/s, "
+                    f"end to end (KServe gRPC -> router -> worker, batching), c={conc}: "
+                    f"{mesh['rps']:,.0f} req/s, "
                     f"p50 {mesh['p50_ms']:.1f} ms, p99 {mesh['p99_ms']:.1f} ms, {mesh['errors']} errors | "
                     f"one-hop grpc.aio+numpy baseline: {base['rps']:,.0f} req/s, p99 {base['p99_ms']:.1f} ms"
                 )
@@ -156,6 +243,7 @@ def bench_e2e(repo: Path, seconds: float) -> dict[str, float]:
                 + " (target < 10 ms) | idle, same processes: "
                 + ", ".join(f"{name} {lag * 1e3:.1f} ms" for name, lag in idle.items())
             )
+            figures.update(bench_bulk(router.endpoints["grpc"]))
             flips = sorted(_flip_latency(etcd.endpoint, prefix, router.endpoints["grpc"]))
             figures["flip_apply_p50_ms"] = round(statistics.median(flips), 2)
             figures["flip_apply_p99_ms"] = round(flips[min(len(flips) - 1, int(len(flips) * 0.99))], 2)

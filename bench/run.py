@@ -139,9 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", choices=sorted(BENCHES), help="run only these benchmarks")
     parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per figure")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="results file (merged into if present)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results file (--only merges)")
     args = parser.parse_args(argv)
-    results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
+    # a full run writes a fresh file (no stale figure under a new date); --only merges into it
+    results: dict[str, Any] = json.loads(args.out.read_text()) if args.only and args.out.exists() else {}
     with tempfile.TemporaryDirectory() as tmp:
         repo = demo_repository(Path(tmp) / "models")
         for name in args.only or list(BENCHES):
