@@ -1,7 +1,9 @@
 """Router figures for ``make bench``: end to end through router and worker, flips applied, transports.
 
 Every figure has its baseline from the same run: end to end against a one-hop grpc.aio + numpy server
-(``baseline_server.py``), ZeroMQ zero-copy against gRPC and raw TCP on the same payloads.
+(``baseline_server.py``) and, over REST, a one-hop aiohttp server (``rest_bench.py``), both serving the
+peers' model; a 16 MiB request against a plain gRPC echo; ZeroMQ zero-copy against gRPC and raw TCP on the
+same payloads.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import grpc
 import numpy as np
 import peer_model
 import zmq
+from rest_bench import bench_rest
 
 from mcpapi.kserve import grpc_service_pb2 as kserve_pb
 from mcpapi.v2 import control_pb2, control_pb2_grpc, inference_pb2, inference_pb2_grpc, model_pb2
@@ -243,7 +246,9 @@ def bench_e2e(repo: Path, seconds: float) -> dict[str, float]:
                 + " (target < 10 ms) | idle, same processes: "
                 + ", ".join(f"{name} {lag * 1e3:.1f} ms" for name, lag in idle.items())
             )
-            figures.update(bench_bulk(router.endpoints["grpc"]))
+            figures |= bench_bulk(router.endpoints["grpc"]) | bench_rest(
+                router.endpoints["rest"], MODEL, seconds
+            )
             flips = sorted(_flip_latency(etcd.endpoint, prefix, router.endpoints["grpc"]))
             figures["flip_apply_p50_ms"] = round(statistics.median(flips), 2)
             figures["flip_apply_p99_ms"] = round(flips[min(len(flips) - 1, int(len(flips) * 0.99))], 2)
