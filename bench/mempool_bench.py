@@ -29,7 +29,7 @@ SIZES = {"1mib": 1 << 20, "64mib": 64 << 20}
 ROW_FLOATS = 64  # demo model rows: FP32 [-1, 64]
 
 
-def _ensure_library() -> None:
+def ensure_library() -> None:
     if available()[0]:
         return
     subprocess.run([str(ROOT / "libs" / "native" / "build.sh"), "lib"], check=True, capture_output=True)
@@ -63,7 +63,7 @@ def _measure(nbytes: int, seconds: float) -> tuple[float, float]:
 def bench_mempool(repo: Path, seconds: float) -> dict[str, float]:
     """``repo`` is unused (the signature every bench shares); ``seconds`` is split over the sizes."""
     del repo
-    _ensure_library()
+    ensure_library()
     results: dict[str, float] = {}
     for name, nbytes in SIZES.items():
         numpy_s, pool_s = _measure(nbytes, seconds / len(SIZES))

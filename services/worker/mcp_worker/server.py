@@ -146,7 +146,6 @@ class Worker:
             ),
             curve_secret=curve_secret,
             on_error=self.metrics.count_loop_error,
-            buffers=self.buffers,
             admission=Admission(
                 max_requests=config.max_in_flight_requests,
                 max_bytes=config.max_in_flight_bytes,

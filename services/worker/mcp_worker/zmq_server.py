@@ -46,7 +46,6 @@ import numpy as np
 import zmq
 
 from mcp_worker.admission import Admission, Ticket
-from mcp_worker.buffers import BatchBuffers, Lease
 from mcpapi.v2 import tensor_pb2
 from mcpcore import wire
 from mcpcore.errors import Internal, InvalidArgument, MCPError, ResourceExhausted, Unavailable, not_started
@@ -59,12 +58,6 @@ def _header_or_none(frame: Any, limits: wire.Limits) -> tensor_pb2.TensorHeader 
         return wire.parse_header(frame, limits)
     except MCPError:
         return None  # _reply parses it again and answers the error
-
-
-def _spec(header: tensor_pb2.TensorHeader | None, index: int) -> tensor_pb2.TensorSpec | None:
-    if header is None or not 0 <= index < len(header.tensors):
-        return None
-    return header.tensors[index]
 
 
 log = logging.getLogger(__name__)
@@ -96,7 +89,6 @@ class TensorServer:
         limits: wire.Limits = wire.DEFAULT_LIMITS,
         curve_secret: bytes | None = None,
         on_error: Callable[[str], None] | None = None,
-        buffers: BatchBuffers | None = None,
         admission: Admission | None = None,
         holds: Callable[[str], bool] = lambda model: True,
         on_not_held: Callable[[], None] = lambda: None,
@@ -108,7 +100,6 @@ class TensorServer:
         self._limits = limits
         self._curve_secret = curve_secret
         self._on_error = on_error or (lambda where: None)
-        self._buffers = buffers
         self.admission = admission or Admission(max_requests=1024, max_bytes=256 << 20)
         self._holds, self._on_not_held = holds, on_not_held
         self._heartbeat = (heartbeat_s, heartbeat_timeout_s)
@@ -207,9 +198,8 @@ class TensorServer:
 
     def _take(self) -> None:
         """Receive one whole message, admit it, and start its answer (or answer it here and now)."""
-        leases: list[Lease] = []
         try:
-            frames, header = self._receive(leases)
+            frames, header = self._receive()
             self.last_request = time.monotonic()
             if header is not None and header.kind == tensor_pb2.KIND_CANCEL:
                 self._cancel(bytes(frames[0].bytes), header.request_id)
@@ -217,17 +207,13 @@ class TensorServer:
             else:
                 ticket = self._admit(frames, header)
         except Exception:
-            for lease in leases:
-                lease.release()
             log.exception("receive failed; the server goes on")
             self._on_error("zmq_receive")
             return
         if ticket is None:  # answered already (refused, draining or malformed)
-            for lease in leases:
-                lease.release()
             return
         assert header is not None  # _admit answers every message whose header does not parse
-        task = asyncio.create_task(self._answer(frames[0], header, frames[2:], leases, ticket))
+        task = asyncio.create_task(self._answer(frames[0], header, frames[2:], ticket))
         key = (bytes(frames[0].bytes), header.request_id)
         self._tasks.add(task)
         self._running[key] = task
@@ -297,50 +283,32 @@ class TensorServer:
             log.warning("could not send %s: %s", what, exc)
         self._look_again()  # the send may have taken the edge a new message raised
 
-    def _receive(self, leases: list[Lease]) -> tuple[list[Any], tensor_pb2.TensorHeader | None]:
+    def _receive(self) -> tuple[list[Any], tensor_pb2.TensorHeader | None]:
         """One multipart message (it is readable: called after POLLIN) and its parsed header (None if
-        it does not parse). Large tensor frames are received straight into pool blocks (sized by the
-        header, bounded by the limits first); everything else zero-copy as libzmq holds it."""
+        it does not parse). Every frame stays in libzmq's own buffer (``copy=False``): measured against
+        ``recv_into`` a pool block, that costs the loop no copy (``make bench``'s receive figures)."""
         sock = self._sock
         assert sock is not None
         frames: list[Any] = [sock.recv(zmq.NOBLOCK, copy=False)]
         more = frames[0].more
-        header = None
         while more:  # the rest of a message arrives with its first frame: these never wait
-            spec = _spec(header, len(frames) - 2)
-            size = spec.byte_size if spec is not None else 0
-            if (
-                self._buffers is not None
-                and self._buffers.wants(size)
-                and size <= self._limits.max_tensor_bytes
-            ):
-                lease = self._buffers.take(size + 1)  # type: ignore[union-attr]  # +1: a longer frame shows
-                leases.append(lease)
-                got = sock.recv_into(lease.buffer, flags=zmq.NOBLOCK)
-                frames.append(lease.buffer[: min(got, size + 1)])
-                more = bool(sock.getsockopt(zmq.RCVMORE))
-            else:
-                frame = sock.recv(zmq.NOBLOCK, copy=False)
-                frames.append(frame)
-                more = frame.more
-            if len(frames) == 2:  # the header: parsed once, to size the tensor frames and admit
-                header = _header_or_none(frames[1], self._limits)
-        return frames, header
+            frame = sock.recv(zmq.NOBLOCK, copy=False)
+            frames.append(frame)
+            more = frame.more
+        # the header: parsed once, to admit the request and to read its tensors
+        return frames, _header_or_none(frames[1], self._limits) if len(frames) > 1 else None
 
     async def _answer(
         self,
         identity: zmq.Frame,
         header: tensor_pb2.TensorHeader,
         frames: list[Any],
-        leases: list[Lease],
         ticket: Ticket,
     ) -> None:
         try:
             await self._reply(identity, header, frames)
         finally:
             self.admission.release(ticket)
-            for lease in leases:  # the request is answered: its receive buffers go back to the pool
-                lease.release()
 
     async def _reply(self, identity: zmq.Frame, header: tensor_pb2.TensorHeader, frames: list[Any]) -> None:
         """Run the request (``frames``: its tensor frames, checked here against ``header``) and answer."""
