@@ -60,6 +60,16 @@ def test_bytes_that_do_not_walk_meet_protobufs_own_checks(damage):
         kserve_wire.parse_request(data)
 
 
+def test_a_large_request_of_many_small_fields_is_left_to_protobuf():
+    sent = request(kserve_wire.SPLIT_FROM_BYTES)
+    for i in range(kserve_wire.MAX_FIELDS):
+        sent.parameters[f"p{i}"].int64_param = i
+    data = sent.SerializeToString()
+    got = kserve_wire.parse_request(data)
+    assert got.message == sent and list(got.raw) == list(sent.raw_input_contents)
+    assert not any(isinstance(r, memoryview) for r in got.raw)  # protobuf's own copies: the walk gave up
+
+
 def test_a_response_serializes_with_its_raw_entries_in_order():
     response = pb.ModelInferResponse(model_name="m", model_version="1", id="abc")
     response.outputs.add(name="A", datatype="FP32", shape=[2, 3])

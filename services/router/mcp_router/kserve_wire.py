@@ -11,6 +11,8 @@ protobuf unchanged and is parsed there.
 Invariants:
 - A request that does not walk cleanly (a truncated field, a group, a varint past 10 bytes) is parsed by
   protobuf whole, which raises as it always did: hostile bytes meet protobuf's checks, never a half-parse.
+  So is one with more than ``MAX_FIELDS`` top-level fields: the walk is Python, and a large message of tiny
+  fields must not cost the loop more than protobuf's own parse would.
 - Requests under ``SPLIT_FROM_BYTES`` are parsed by protobuf whole: for them the copy costs less than the
   walk. Either way the result is an ``InferRequest`` with the entries in order.
 - ``serialize_response`` writes ``raw_output_contents`` (6) after the response's other fields; protobuf
@@ -24,9 +26,10 @@ from typing import Any, NamedTuple
 
 from mcpapi.kserve import grpc_service_pb2 as pb
 
-__all__ = ["SPLIT_FROM_BYTES", "InferRequest", "parse_request", "serialize_response"]
+__all__ = ["MAX_FIELDS", "SPLIT_FROM_BYTES", "InferRequest", "parse_request", "serialize_response"]
 
 SPLIT_FROM_BYTES = 64 << 10
+MAX_FIELDS = 1024  # a real request has a few per input, output and parameter
 _RAW_INPUT_FIELD = 7
 _RAW_OUTPUT_TAG = bytes([6 << 3 | 2])  # field 6, length-delimited
 _VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
@@ -70,6 +73,8 @@ def _split(view: memoryview) -> tuple[bytes, list[memoryview]] | None:
     raw: list[memoryview] = []
     pos, end = 0, len(view)
     while pos < end:
+        if len(rest) + len(raw) >= MAX_FIELDS:
+            return None
         start = pos
         tag, pos = _read_varint(view, pos)
         if tag < 0:
