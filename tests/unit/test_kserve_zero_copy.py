@@ -36,6 +36,15 @@ def test_a_large_request_keeps_its_raw_entries_as_views_of_the_received_bytes():
     assert got.message == expected
 
 
+def test_a_large_request_without_raw_entries_is_parsed_by_protobuf_whole():
+    sent = pb.ModelInferRequest(model_name="m")
+    sent.inputs.add(name="IN", datatype="FP32", shape=[20_000]).contents.fp32_contents.extend(range(20_000))
+    data = sent.SerializeToString()
+    assert len(data) >= kserve_wire.SPLIT_FROM_BYTES
+    got = kserve_wire.parse_request(data)
+    assert got.message == sent and len(got.raw) == 0
+
+
 def test_a_small_request_is_parsed_by_protobuf_whole():
     sent = request(16, 3)
     got = kserve_wire.parse_request(sent.SerializeToString())
@@ -50,6 +59,8 @@ def test_a_small_request_is_parsed_by_protobuf_whole():
         lambda d: d + b"\x80" * 11,  # a varint that never ends
         lambda d: d + b"\x0b",  # a group (field 1, start group)
         lambda d: d + b"\x3f",  # wire type 7 does not exist
+        lambda d: d + b"\xba\x80\x80\x80\x80\x00\x01x",  # a raw entry's tag padded to 6 bytes
+        lambda d: d + b"\x3a\x81\x80\x80\x80\x80\x00x",  # a raw entry's length padded to 6 bytes
     ],
 )
 def test_bytes_that_do_not_walk_meet_protobufs_own_checks(damage):

@@ -33,6 +33,7 @@ MAX_FIELDS = 1024  # a real request has a few per input, output and parameter
 _RAW_INPUT_FIELD = 7
 _RAW_OUTPUT_TAG = bytes([6 << 3 | 2])  # field 6, length-delimited
 _VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
+_MAX_TAG_BYTES = 5  # tags and lengths are 32-bit: protobuf refuses a longer (padded) varint for them
 
 
 class InferRequest(NamedTuple):
@@ -51,7 +52,7 @@ def parse_request(data: bytes) -> InferRequest:
     """grpc's request deserializer for ModelInfer."""
     if len(data) >= SPLIT_FROM_BYTES:
         split = _split(memoryview(data))
-        if split is not None:
+        if split is not None and split[1]:  # with no raw entries, joining the rest would only add a copy
             rest, raw = split
             return InferRequest(pb.ModelInferRequest.FromString(rest), raw)
     return InferRequest.of(pb.ModelInferRequest.FromString(data))
@@ -76,7 +77,7 @@ def _split(view: memoryview) -> tuple[bytes, list[memoryview]] | None:
         if len(rest) + len(raw) >= MAX_FIELDS:
             return None
         start = pos
-        tag, pos = _read_varint(view, pos)
+        tag, pos = _read_varint(view, pos, _MAX_TAG_BYTES)
         if tag < 0:
             return None
         kind = tag & 7
@@ -89,7 +90,7 @@ def _split(view: memoryview) -> tuple[bytes, list[memoryview]] | None:
         elif kind == _FIXED32:
             pos += 4
         elif kind == _LENGTH:
-            size, pos = _read_varint(view, pos)
+            size, pos = _read_varint(view, pos, _MAX_TAG_BYTES)
             if size < 0 or pos + size > end:
                 return None
             if tag >> 3 == _RAW_INPUT_FIELD:
@@ -105,11 +106,11 @@ def _split(view: memoryview) -> tuple[bytes, list[memoryview]] | None:
     return b"".join(rest), raw
 
 
-def _read_varint(view: memoryview, pos: int) -> tuple[int, int]:
-    """(value, next position), or (-1, -1) when it runs past the end or past 10 bytes."""
+def _read_varint(view: memoryview, pos: int, max_bytes: int = 10) -> tuple[int, int]:
+    """(value, next position), or (-1, -1) when it runs past the end or past ``max_bytes`` bytes."""
     value = shift = 0
-    end = len(view)
-    while pos < end and shift < 70:
+    end = min(len(view), pos + max_bytes)
+    while pos < end:
         byte = view[pos]
         pos += 1
         value |= (byte & 0x7F) << shift
