@@ -41,8 +41,13 @@ class Peer:
         await self.sock.send_multipart([identity, header.SerializeToString(), *frames])
 
 
-@pytest.fixture
-async def setup():
+BATCH = frozenset({wire.FEATURE_BATCH})
+
+
+@pytest.fixture(params=[frozenset(), BATCH], ids=["single", "coalescing"])
+async def setup(request):
+    """A forwarder linked to one peer, which takes single messages only, or coalesced ones too: every
+    outcome below holds both ways."""
     ctx = zmq.asyncio.Context()
     peer = Peer(ctx)
     late: list[int] = []
@@ -50,7 +55,7 @@ async def setup():
     fwd = Forwarder(
         heartbeat_s=0.1, heartbeat_timeout_s=0.5, on_late=lambda: late.append(1), on_link_down=down.append
     )
-    fwd.sync({"w1": WorkerEndpoint("w1", peer.endpoint)})
+    fwd.sync({"w1": WorkerEndpoint("w1", peer.endpoint, zmq_features=request.param)})
     for _ in range(200):  # the handshake: the link is up once the peer answered ZMTP
         if fwd.link_ok("w1"):
             break
@@ -153,9 +158,10 @@ async def test_a_draining_worker_and_one_over_its_bound_get_nothing(setup):
     await small.close()
 
 
-async def test_a_worker_that_never_listened_is_not_sent_anything():
+@pytest.mark.parametrize("features", [frozenset(), BATCH], ids=["single", "coalescing"])
+async def test_a_worker_that_never_listened_is_not_sent_anything(features):
     fwd = Forwarder()
-    fwd.sync({"w9": WorkerEndpoint("w9", "tcp://127.0.0.1:9")})  # nothing listens on port 9
+    fwd.sync({"w9": WorkerEndpoint("w9", "tcp://127.0.0.1:9", zmq_features=features)})  # nothing listens
     with pytest.raises(NotSent):
         await fwd.send("w9", request(fwd), {"X": X}, timeout_s=1)
     assert fwd.loads["w9"] == 0
@@ -222,3 +228,82 @@ async def test_a_second_answer_to_a_request_that_expects_one_fails_it(setup):
     await peer.reply(identity, wire.parse_header(frames[0]), frames[1:])
     with pytest.raises(Internal, match="answered a request more than once"):
         await send
+
+
+# -- coalescing: requests for one worker in one loop iteration leave as one message -------------------
+
+
+async def raw_message(peer: Peer) -> tuple[bytes, tensor_pb2.TensorHeader, list[bytes]]:
+    identity, *frames = await asyncio.wait_for(peer.sock.recv_multipart(), 5)
+    return identity, wire.parse_header(frames[0]), frames[1:]
+
+
+async def test_requests_of_one_iteration_leave_coalesced_and_each_gets_its_own_reply(setup):
+    fwd, peer, _, _ = setup
+    coalescing = wire.FEATURE_BATCH in fwd._links["w1"].endpoint.zmq_features
+    inputs = [np.full((1, 4), i, np.float32) for i in range(10)]
+    headers = [request(fwd) for _ in inputs]
+    sending = [
+        asyncio.create_task(fwd.send("w1", h, {"X": x}, timeout_s=5))
+        for h, x in zip(headers, inputs, strict=True)
+    ]
+    got: list[tuple[tensor_pb2.TensorHeader, list[bytes]]] = []
+    identity, first, frames = await raw_message(peer)
+    if coalescing:  # all ten in one message, each header with its own tensor
+        assert first.kind == wire.KIND_BATCH
+        got = [(h, list(t)) for h, t in wire.uncoalesce(first, frames)]
+    else:  # one message each, as older workers take them
+        got = [(first, frames)] + [(h, f) for _, h, f in [await raw_message(peer) for _ in range(9)]]
+    assert [h.request_id for h, _ in got] == [h.request_id for h in headers]
+    # the replies: nine coalesced out of order, one single; each carries its request's tensor doubled
+    replies = [
+        wire.encode(ok_reply(h), {"Y": np.frombuffer(t[0], np.float32).reshape(1, 4) * 2}) for h, t in got
+    ]
+    [(count, batch)] = wire.coalesce(replies[:0:-1])
+    assert count == 9
+    await peer.sock.send_multipart([identity, *batch])
+    await peer.sock.send_multipart([identity, *replies[0]])
+    results = await asyncio.wait_for(asyncio.gather(*sending), 5)
+    for msg, h, x in zip(results, headers, inputs, strict=True):
+        assert msg.header.request_id == h.request_id
+        np.testing.assert_array_equal(msg.tensors[0], x * 2)
+    assert fwd.loads["w1"] == 0
+
+
+async def test_a_request_still_waiting_to_leave_when_its_link_fails_was_not_sent():
+    ctx = zmq.asyncio.Context()
+    peer = Peer(ctx)
+    fwd = Forwarder()
+    fwd.sync({"w1": WorkerEndpoint("w1", peer.endpoint, zmq_features=BATCH)})
+    try:
+        for _ in range(200):  # the handshake: the link is up once the peer answered ZMTP
+            if fwd.link_ok("w1"):
+                break
+            await asyncio.sleep(0.01)
+        sending = [asyncio.create_task(fwd.send("w1", request(fwd), {"X": X}, timeout_s=5)) for _ in range(3)]
+        await asyncio.sleep(0)  # the sends ran: their requests wait for this iteration's flush
+        assert fwd.loads["w1"] == 3
+        fwd.sync({})  # the worker left the table before they left
+        for task in sending:
+            with pytest.raises(NotSent, match="before the request was sent"):  # not MayHaveStarted
+                await task
+    finally:
+        await fwd.close()
+        peer.sock.close(0)
+        ctx.term()
+
+
+async def test_coalesced_replies_that_do_not_add_up_fail_each_request_at_once(setup):
+    fwd, peer, late, _ = setup
+    headers = [request(fwd) for _ in range(2)]
+    sending = [asyncio.create_task(fwd.send("w1", h, {"X": X}, timeout_s=30)) for h in headers]
+    identity, *_ = await raw_message(peer)
+    if wire.FEATURE_BATCH not in fwd._links["w1"].endpoint.zmq_features:
+        await raw_message(peer)
+    replies = [wire.encode(ok_reply(h), {"Y": X}) for h in headers]
+    [(_, batch)] = wire.coalesce(replies)
+    await peer.sock.send_multipart([identity, *batch[:-1]])  # one tensor frame short
+    for task in sending:
+        with pytest.raises(Internal, match="w1 sent replies that do not decode"):
+            await asyncio.wait_for(task, 5)
+    assert fwd.loads["w1"] == 0 and not late

@@ -10,6 +10,9 @@ Invariants:
   ``prod(shape)`` elements). A violation raises
   ``InvalidArgument`` (or ``ResourceExhausted`` past a size limit) naming the tensor, so a server answers it
   with ``error_reply`` and never crashes.
+- A coalesced message (``KIND_BATCH``, DESIGN.md section 3) is ``coalesce``'d from whole single messages
+  without parsing or re-serializing their headers, and ``uncoalesce`` parses all of its headers at once
+  and gives each its own tensor frames; a receiver then treats each exactly as a single message.
 - This module does no I/O and imports no zmq: frames are anything with the buffer protocol, or objects with
   a ``.buffer`` memoryview (``zmq.Frame``).
 """
@@ -30,22 +33,27 @@ from mcpcore.errors import InvalidArgument, MCPError, ResourceExhausted, error_f
 from mcpcore.signature import tensor_name_problem
 
 __all__ = [
+    "FEATURE_BATCH",
     "FLAG_DRAINING",
     "FLAG_PARTIAL",
     "FLAG_RETRYABLE",
     "FLAG_SECONDARY_FEATURES_OFF",
+    "FLAG_TAKES_COALESCED",
+    "KIND_BATCH",
     "PARAM_ANSWER",
     "PARAM_FEATURES_OFF",
     "RESERVED_PREFIX",
     "Limits",
     "Message",
     "client_parameters",
+    "coalesce",
     "decode",
     "encode",
     "error_reply",
     "parse_header",
     "raise_for_status",
     "tensors_of",
+    "uncoalesce",
 ]
 
 TensorHeader = tensor_pb2.TensorHeader
@@ -53,6 +61,10 @@ FLAG_SECONDARY_FEATURES_OFF = tensor_pb2.FLAG_SECONDARY_FEATURES_OFF
 FLAG_RETRYABLE = tensor_pb2.FLAG_RETRYABLE
 FLAG_DRAINING = tensor_pb2.FLAG_DRAINING
 FLAG_PARTIAL = tensor_pb2.FLAG_PARTIAL
+FLAG_TAKES_COALESCED = tensor_pb2.FLAG_TAKES_COALESCED
+KIND_BATCH = tensor_pb2.KIND_BATCH
+#: The worker record's ``zmq_features`` entry saying it takes (and answers) coalesced messages.
+FEATURE_BATCH = "batch"
 #: Header parameters under this prefix are the mesh's own; every other one is a client's request
 #: parameter, which the worker hands to the backend (``client_parameters``).
 RESERVED_PREFIX = "mcp."
@@ -188,6 +200,81 @@ def _view(spec: tensor_pb2.TensorSpec, buf: memoryview, limits: Limits) -> np.nd
     if buf.nbytes != expected:
         raise InvalidArgument(f"{where}: frame has {buf.nbytes} bytes but its header says {expected}")
     return dtypes.from_bytes(name, buf, shape, where)
+
+
+# TensorHeader{kind: KIND_BATCH} as protobuf writes it: field 1 (varint) = 4; each sub-header is field 12
+# (length-delimited). Concatenated fields are a valid serialization, so whole headers need no re-encoding.
+_BATCH_KIND = bytes([1 << 3, KIND_BATCH])
+_BATCH_TAG = bytes([(12 << 3) | 2])
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def coalesce(
+    messages: Sequence[Sequence[Any]], limits: Limits = DEFAULT_LIMITS
+) -> list[tuple[int, list[Any]]]:
+    """Whole single messages (``[header bytes, tensor frames...]`` each, as ``encode`` returns them) as
+    few messages as the limits allow, each with how many of them it holds, in order: several go as one
+    ``KIND_BATCH`` message (their headers in one envelope, then all their tensor frames), at most
+    ``max_tensors`` headers and ``max_header_bytes`` of envelope each; one alone goes as it is."""
+    out: list[tuple[int, list[Any]]] = []
+    group: list[Sequence[Any]] = []
+    size = len(_BATCH_KIND)
+    for message in messages:
+        grows = len(message[0]) + 6  # its tag and length: at most 1 + 5 bytes
+        if group and (len(group) == limits.max_tensors or size + grows > limits.max_header_bytes):
+            out.append(_envelope(group))
+            group, size = [], len(_BATCH_KIND)
+        group.append(message)
+        size += grows
+    if group:
+        out.append(_envelope(group))
+    return out
+
+
+def _envelope(messages: Sequence[Sequence[Any]]) -> tuple[int, list[Any]]:
+    if len(messages) == 1:
+        return 1, list(messages[0])
+    parts = [_BATCH_KIND]
+    frames: list[Any] = [b""]
+    for message in messages:
+        header = bytes(message[0])
+        parts += (_BATCH_TAG, _varint(len(header)), header)
+        frames.extend(message[1:])
+    frames[0] = b"".join(parts)
+    return len(messages), frames
+
+
+def uncoalesce(
+    envelope: tensor_pb2.TensorHeader, frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS
+) -> list[tuple[tensor_pb2.TensorHeader, Sequence[Any]]]:
+    """Each coalesced header with its own tensor frames (``frames``: the envelope's, after its header).
+    Raises ``InvalidArgument`` when the frames do not add up to the headers' tensors (nothing of the
+    message can be trusted then; a receiver answers every header it names)."""
+    if len(envelope.batch) > limits.max_tensors:
+        raise ResourceExhausted(
+            f"{len(envelope.batch)} messages coalesced in one, over the limit of {limits.max_tensors}"
+        )
+    out: list[tuple[tensor_pb2.TensorHeader, Sequence[Any]]] = []
+    at = 0
+    for header in envelope.batch:
+        n = len(header.tensors)
+        out.append((header, frames[at : at + n]))
+        at += n
+    if at != len(frames):
+        raise InvalidArgument(
+            f"a coalesced message's headers list {at} tensor(s) but {len(frames)} tensor frame(s) arrived"
+        )
+    if any(h.kind in (KIND_BATCH, tensor_pb2.KIND_CANCEL) for h in envelope.batch):
+        raise InvalidArgument("a coalesced message may hold requests or replies, not a batch or a cancel")
+    return out
 
 
 def client_parameters(header: tensor_pb2.TensorHeader) -> dict[str, str]:

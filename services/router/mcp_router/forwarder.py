@@ -20,6 +20,12 @@ Invariants:
   naming the worker); one whose header does not parse cannot be matched and is counted.
 - A request the router gives up on (deadline, client gone) is cancelled at the worker (``KIND_CANCEL``,
   best effort), so queued work a client no longer waits for is not run.
+- Requests for one worker sent in one loop iteration leave together, as one coalesced message
+  (``KIND_BATCH``) when its record lists the feature, at the start of the next iteration; each keeps its
+  own id, reply, status and retry. One still waiting to leave when its link fails, or whose send is
+  refused, is ``NotSent``.
+  Coalesced replies, which every request says it takes (``FLAG_TAKES_COALESCED``), are taken apart and
+  each delivered as a single one.
 - Tensors go out and come back without copies (``copy=False``, ``np.frombuffer`` views of reply frames).
 - A decoupled model's replies before its last (``FLAG_PARTIAL``) go to the request's ``on_partial`` in
   order; the request stays in flight until its last reply, and one that does not decode fails it.
@@ -39,7 +45,7 @@ import logging
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,6 +110,7 @@ class _Link:
         self.down = True  # until the handshake succeeds; again from a disconnect to the next handshake
         self.draining = False  # the worker answered "draining": send it nothing more
         self.look_scheduled = False
+        self.outbox: dict[str, list[Any]] = {}  # request id -> its frames, until this iteration's flush
 
     def _configure(self, endpoint: WorkerEndpoint, fwd: Forwarder) -> zmq.asyncio.Socket:
         limits = fwd.limits
@@ -164,6 +171,7 @@ class Forwarder:
         self._rings: dict[tuple[str, str], RingLoad] = defaultdict(RingLoad)
         self.nbytes = 0  # tensor bytes in flight, all workers
         self._sweeper: asyncio.Task[None] | None = None
+        self._to_flush: list[_Link] = []  # links with an outbox to send at the next iteration
 
     def new_id(self) -> str:
         """A correlation id unique to this router process."""
@@ -275,21 +283,18 @@ class Forwarder:
                 f"the request brings {nbytes} (max_bytes_in_flight {self.max_bytes})"
             )
         rid = header.request_id
+        header.flags |= wire.FLAG_TAKES_COALESCED  # its reply may come with others (older workers ignore it)
         frames = wire.encode(header, inputs)
         if len(frames[0]) > self.limits.max_header_bytes:  # the worker could only refuse it, unnamed
             raise InvalidArgument(
                 f"the request's header is {len(frames[0])} bytes, over the "
                 f"{self.limits.max_header_bytes}-byte limit (too many tensors or parameters)"
             )
-        try:  # NOBLOCK: sent at once or refused at once (never waits, never queues)
-            link.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            raise NotSent(f"worker {worker_id}'s link is full or not connected") from None
-        except zmq.ZMQError as exc:
-            raise NotSent(f"worker {worker_id}: the send failed ({exc})") from None
-        finally:
-            self._look_again(link)  # the send may have taken the edge a reply raised
-        future: asyncio.Future[wire.Message] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        coalescing = wire.FEATURE_BATCH in link.endpoint.zmq_features
+        if not coalescing:
+            self._send_now(link, frames)
+        future: asyncio.Future[wire.Message] = loop.create_future()
         entry = _Pending(future, (header.model, header.version), nbytes, time.monotonic(), on_partial)
         link.pending[rid] = entry
         ring = self._rings[entry.ring]
@@ -297,6 +302,12 @@ class Forwarder:
         ring.total += 1
         self.loads[worker_id] += 1
         self.nbytes += nbytes
+        if coalescing:  # leaves with this iteration's others for the worker (``_flush``)
+            if not link.outbox:
+                self._to_flush.append(link)
+                if len(self._to_flush) == 1:
+                    loop.call_soon(self._flush)
+            link.outbox[rid] = frames
         try:
             async with asyncio.timeout(timeout_s):
                 return await future
@@ -309,9 +320,41 @@ class Forwarder:
             self._abandon(link, header, entry)
             raise
 
+    def _send_now(self, link: _Link, frames: list[Any]) -> None:
+        worker_id = link.endpoint.id
+        try:  # NOBLOCK: sent at once or refused at once (never waits, never queues)
+            link.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            raise NotSent(f"worker {worker_id}'s link is full or not connected") from None
+        except zmq.ZMQError as exc:
+            raise NotSent(f"worker {worker_id}: the send failed ({exc})") from None
+        finally:
+            self._look_again(link)  # the send may have taken the edge a reply raised
+
+    def _flush(self) -> None:
+        """Send each link's requests of the last iteration, coalesced as far as the limits allow; those a
+        send refuses fail ``NotSent`` (they never left)."""
+        links, self._to_flush = self._to_flush, []
+        for link in links:
+            out, link.outbox = link.outbox, {}
+            if not out or self._links.get(link.endpoint.id) is not link:
+                continue  # sent or failed already (the link closed)
+            rids, messages = list(out), list(out.values())
+            at = 0
+            for count, message in wire.coalesce(messages, self.limits):
+                group, at = rids[at : at + count], at + count
+                try:
+                    self._send_now(link, message)
+                except NotSent as exc:
+                    for rid in group:
+                        entry = self._finish(link.endpoint.id, link, rid)
+                        if entry is not None and entry.future is not None and not entry.future.done():
+                            entry.future.set_exception(NotSent(exc.message))
+
     def _abandon(self, link: _Link, header: tensor_pb2.TensorHeader, entry: _Pending) -> None:
         """Given up by the router: the worker is told (KIND_CANCEL: it drops the request if still queued,
-        stops a stream), and the request stays counted until the worker answers (or its link fails)."""
+        stops a stream), and the request stays counted until the worker answers (or its link fails). It
+        has left: the flush a send schedules runs before any cancel or timeout of the sender can."""
         entry.future = None
         entry.on_partial = None
         entry.since = time.monotonic()
@@ -340,12 +383,15 @@ class Forwarder:
         return entry
 
     def _fail_all(self, worker_id: str, link: _Link, why: str) -> None:
+        unsent, link.outbox = link.outbox, {}
         for rid in list(link.pending):
             entry = self._finish(worker_id, link, rid)
             if entry is not None and entry.future is not None and not entry.future.done():
-                entry.future.set_exception(
-                    MayHaveStarted(f"worker {worker_id} {why} while the request was in flight")
-                )
+                if rid in unsent:  # it never left: safe anywhere
+                    error: Unavailable = NotSent(f"worker {worker_id} {why} before the request was sent")
+                else:
+                    error = MayHaveStarted(f"worker {worker_id} {why} while the request was in flight")
+                entry.future.set_exception(error)
 
     def _look_again(self, link: _Link) -> None:
         """Run ``_readable`` for ``link`` once more soon (at most one pending)."""
@@ -371,7 +417,8 @@ class Forwarder:
         self._look_again(link)  # more may wait: the rest of the loop runs first
 
     def _take(self, link: _Link, frames: list[Any]) -> None:
-        """Hand one reply to the request waiting for it (by this router's id), or count it late."""
+        """Hand one reply, or each of a coalesced message's, to the request waiting for it (by this
+        router's id), or count it late."""
         worker_id = link.endpoint.id
         try:
             header = wire.parse_header(frames[0], self.limits)
@@ -380,6 +427,25 @@ class Forwarder:
             log.warning("worker %s sent a reply that does not parse (%s); it matches no request",
                         worker_id, exc.message)  # fmt: skip
             return
+        if header.kind != wire.KIND_BATCH:
+            self._deliver(link, header, frames[1:])
+            return
+        try:
+            parts = wire.uncoalesce(header, frames[1:], self.limits)
+        except MCPError as exc:  # every request it names fails now, not at its deadline
+            self._on_error("zmq_reply")
+            for sub in header.batch:
+                entry = self._finish(worker_id, link, sub.request_id)
+                if entry is not None and entry.future is not None and not entry.future.done():
+                    entry.future.set_exception(
+                        Internal(f"worker {worker_id} sent replies that do not decode: {exc.message}")
+                    )
+            return
+        for sub, tensors in parts:
+            self._deliver(link, sub, tensors)
+
+    def _deliver(self, link: _Link, header: tensor_pb2.TensorHeader, frames: Sequence[Any]) -> None:
+        worker_id = link.endpoint.id
         partial = bool(header.flags & wire.FLAG_PARTIAL)
         if partial:  # more replies follow: it stays in flight
             entry = link.pending.get(header.request_id)
@@ -389,7 +455,7 @@ class Forwarder:
             self._on_late()  # the router gave up on it (or never sent it): dropped by id
             return
         try:
-            msg = wire.Message(header, wire.tensors_of(header, frames[1:], self.limits))
+            msg = wire.Message(header, wire.tensors_of(header, frames, self.limits))
         except Exception as exc:  # whatever the reply holds, its request fails now, not at its deadline
             self._on_error("zmq_reply")
             why = exc.message if isinstance(exc, MCPError) else f"{type(exc).__name__}: {exc}"

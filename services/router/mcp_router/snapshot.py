@@ -52,6 +52,7 @@ class WorkerEndpoint:
     capacity: float = 1.0
     draining: bool = False
     grpc: str = ""  # its WorkerControl address (model statistics)
+    zmq_features: frozenset[str] = frozenset()  # what its tensor socket takes besides single messages
 
 
 @dataclass(frozen=True)
@@ -276,6 +277,7 @@ class Snapshots:
             float(capacity) if valid else 1.0,
             bool(doc.get("draining")),
             str(doc.get("grpc", "")),
+            _features(doc.get("zmq_features")),
         )
         return "*"
 
@@ -406,6 +408,13 @@ def _bad_worker_record(doc: Any) -> str:
     if key and (not isinstance(key, str) or not _Z85_KEY.fullmatch(key)):
         return "curve_public_key is not a 40-character z85 key"
     return ""
+
+
+def _features(value: Any) -> frozenset[str]:
+    """A worker record's ``zmq_features``: the names it lists (anything else: none, single messages only)."""
+    if not isinstance(value, list):
+        return frozenset()
+    return frozenset(v for v in value if isinstance(v, str))
 
 
 def _serves(doc: Mapping[str, Any], endpoint: WorkerEndpoint) -> bool:

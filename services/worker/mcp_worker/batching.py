@@ -9,8 +9,10 @@ Invariants:
 - When several models have a ready batch, a free slot goes to the one ``StrideScheduler`` picks with
   weights from ``calculate_weights`` (DESIGN §6): every model keeps a share above zero.
 - Every admitted request is answered exactly once: its rows of the batch outputs, or an ``MCPError``
-  (the batch failed, its queue deadline passed, an emergency stop or shutdown). A cancelled submit leaves
-  the queue at once; if its batch already runs, its rows are dropped.
+  (the batch failed, its queue deadline passed, an emergency stop or shutdown), through the ``on_done``
+  callback it was queued with (``enqueue``: no task per request) or the future ``submit`` awaits. A
+  withdrawn request (a cancelled submit) leaves the queue at once; if its batch already runs, its rows
+  are dropped.
 - A request waits in the queue at most ``min(queue timeout of the model, its own deadline)``; one whose
   time ran out is dropped before it runs, counted, and answered not started, as is every refusal at
   admission (paused, unloading, stopped, queue full: "exceeds maximum queue size") and every request an
@@ -55,7 +57,7 @@ from mcpcore.errors import (
     not_started,
 )
 
-__all__ = ["BatchConfig", "BatchMetrics", "Dispatcher", "ModelQueue", "QueueStats", "RunBatch"]
+__all__ = ["BatchConfig", "BatchMetrics", "Dispatcher", "ModelQueue", "OnDone", "QueueStats", "RunBatch"]
 
 log = logging.getLogger(__name__)
 
@@ -131,13 +133,17 @@ class _BoundMetrics:
             self.deadline_dropped.inc(n)
 
 
+#: Takes a request's outputs, or the error that ends it; called once, on the event loop.
+OnDone = Callable[[Tensors | BaseException], None]
+
+
 @dataclass(eq=False, slots=True, kw_only=True)
 class _Pending(Request):
     """A queued request with what the dispatcher needs to run and answer it."""
 
     request_id: str
     inputs: Tensors | None
-    future: asyncio.Future[Tensors]
+    on_done: OnDone | None  # None once answered or withdrawn
     timeout_s: float | None
     skip: frozenset[str] = frozenset()
     parameters: Mapping[str, str] | None = None
@@ -145,12 +151,10 @@ class _Pending(Request):
 
 
 def _answer(req: _Pending, result: Tensors | BaseException) -> None:
-    if not req.future.done():  # a cancelled submit's future is done already
-        if isinstance(result, BaseException):
-            req.future.set_exception(result)
-        else:
-            req.future.set_result(result)
+    on_done, req.on_done = req.on_done, None
     req.inputs = None  # the heap may hold the request a while: not its tensors
+    if on_done is not None:  # a withdrawn request's answer goes nowhere
+        on_done(result)
 
 
 def _split(outputs: object, rows: list[int] | None, key: str) -> list[Tensors]:
@@ -204,7 +208,41 @@ class ModelQueue:
         parameters: Mapping[str, str] | None = None,
         emit: Callable[[Tensors], None] | None = None,
     ) -> Tensors:
-        """Queue one request and wait for its outputs. ``priority`` is a level (1 is served first; default
+        """Queue one request and wait for its outputs (``enqueue`` says what the arguments mean); a
+        cancelled wait withdraws the request."""
+        future: asyncio.Future[Tensors] = asyncio.get_running_loop().create_future()
+
+        def done(result: Tensors | BaseException) -> None:
+            if not future.done():
+                if isinstance(result, BaseException):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
+
+        req = self.enqueue(
+            request_id, inputs, done, priority=priority, timeout_s=timeout_s, skip=skip,
+            parameters=parameters, emit=emit,
+        )  # fmt: skip
+        try:
+            return await future
+        except asyncio.CancelledError:  # the client is gone: free its place if it is still queued
+            self.withdraw(req)
+            raise
+
+    def enqueue(
+        self,
+        request_id: str,
+        inputs: Mapping[str, np.ndarray],
+        on_done: OnDone,
+        *,
+        priority: int | None = None,
+        timeout_s: float | None = None,
+        skip: frozenset[str] = frozenset(),
+        parameters: Mapping[str, str] | None = None,
+        emit: Callable[[Tensors], None] | None = None,
+    ) -> _Pending:
+        """Queue one request, no task needed: ``on_done`` gets its outputs or its error once, on the loop
+        (a refusal at admission raises here instead). ``priority`` is a level (1 is served first; default
         from the config); ``timeout_s`` is the time the request has left (its deadline): it waits in the
         queue at most that, or the model's queue timeout when shorter. ``skip``: outputs not to compute;
         ``parameters``: the request's, for the backend; ``emit``: takes a decoupled model's answers (on
@@ -224,18 +262,23 @@ class ModelQueue:
             raise not_started(
                 DeadlineExceeded(f"request {request_id} reached the queue of {self.key} past its deadline")
             )
-        now = self._dispatcher.clock()
-        deadline = None if timeout is None else now + timeout
-        future: asyncio.Future[Tensors] = asyncio.get_running_loop().create_future()
+        clock = self._dispatcher.clock
+        now = clock()
+        totals = self.totals
+
+        def counted(result: Tensors | BaseException) -> None:
+            totals.answered(not isinstance(result, BaseException), clock() - now)
+            on_done(result)
+
         req = _Pending(
             arrival=now,
             level=level,
-            deadline=deadline,
+            deadline=None if timeout is None else now + timeout,
             rows=rows,
             shape_key=shape_key,
             request_id=request_id,
             inputs=dict(inputs),
-            future=future,
+            on_done=counted,
             timeout_s=timeout,
             skip=skip,
             parameters=parameters,
@@ -246,17 +289,14 @@ class ModelQueue:
         self.drained.clear()
         self._left()
         self._dispatcher.wake()
-        try:
-            outputs = await future
-        except asyncio.CancelledError:  # the client is gone: free its place if it is still queued
-            if self.policy.remove(req):
-                self._left()
-            raise
-        except BaseException:
-            self.totals.answered(False, self._dispatcher.clock() - now)
-            raise
-        self.totals.answered(True, self._dispatcher.clock() - now)
-        return outputs
+        return req
+
+    def withdraw(self, req: _Pending) -> None:
+        """Its sender gave up: it leaves the queue if still there, and its answer goes nowhere."""
+        req.on_done = None
+        if self.policy.remove(req):
+            req.inputs = None
+            self._left()
 
     def _admit(self, priority: int | None) -> int:
         """The request's priority level, if this queue admits it now."""

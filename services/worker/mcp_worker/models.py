@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -194,22 +195,7 @@ class ModelManager:
         of the model's secondary outputs; None keeps them. ``parameters`` go to the backend. A decoupled
         model's answers before its last go to ``partial(version, outputs)``, on the event loop, in
         order; without one such a model is refused."""
-        if self.stopped is not None:
-            raise not_started(
-                Unavailable(f"worker {self.worker_id} is stopped ({self.stopped}); retry on another worker")
-            )
-        try:
-            replica = self.resolve(model, version)
-        except NotFound as err:  # routed here from a stale table: another worker may hold it
-            raise not_started(Unavailable(err.message)) from None
-        if replica.state not in SERVING and replica.state is not S.PAUSED:
-            raise not_started(
-                Unavailable(f"model {replica.key} is {replica.state.value} on worker {self.worker_id}")
-            )
-        replica.backend.check_inputs(inputs)
-        skip = frozenset()
-        if features_off is not None:
-            skip = secondary_outputs_off(replica.config.qos.secondary_features, features_off)
+        replica, skip = self._prepare(model, version, inputs, features_off)
         emit, stop = None, None
         if replica.config.decoupled:
             if partial is None:
@@ -229,6 +215,58 @@ class ModelManager:
                 stop.set()
             raise
         return replica, outputs
+
+    def start(
+        self,
+        model: str,
+        version: str,
+        request_id: str,
+        inputs: dict[str, np.ndarray],
+        on_done: Callable[[Replica, dict[str, np.ndarray] | BaseException], None],
+        *,
+        priority: int | None = None,
+        timeout_s: float | None = None,
+        features_off: tuple[str, ...] | None = None,
+        parameters: Mapping[str, str] | None = None,
+    ) -> Callable[[], None] | None:
+        """``infer`` without a task: queue the request and return a callable that withdraws it;
+        ``on_done(replica, outputs or error)`` is called once, on the loop. A refusal raises here. None
+        (nothing queued): the model is decoupled, so the request needs ``infer`` and a ``partial``."""
+        replica, skip = self._prepare(model, version, inputs, features_off)
+        if replica.config.decoupled:
+            return None
+        queue = replica.queue
+        req = queue.enqueue(
+            request_id, inputs, functools.partial(on_done, replica), priority=priority, timeout_s=timeout_s,
+            skip=skip, parameters=parameters,
+        )  # fmt: skip
+        return functools.partial(queue.withdraw, req)
+
+    def _prepare(
+        self,
+        model: str,
+        version: str,
+        inputs: dict[str, np.ndarray],
+        features_off: tuple[str, ...] | None,
+    ) -> tuple[Replica, frozenset[str]]:
+        """The replica that serves the request and the outputs it skips; refuses what cannot run here."""
+        if self.stopped is not None:
+            raise not_started(
+                Unavailable(f"worker {self.worker_id} is stopped ({self.stopped}); retry on another worker")
+            )
+        try:
+            replica = self.resolve(model, version)
+        except NotFound as err:  # routed here from a stale table: another worker may hold it
+            raise not_started(Unavailable(err.message)) from None
+        if replica.state not in SERVING and replica.state is not S.PAUSED:
+            raise not_started(
+                Unavailable(f"model {replica.key} is {replica.state.value} on worker {self.worker_id}")
+            )
+        replica.backend.check_inputs(inputs)
+        skip: frozenset[str] = frozenset()
+        if features_off is not None:
+            skip = secondary_outputs_off(replica.config.qos.secondary_features, features_off)
+        return replica, skip
 
     # -- control ---------------------------------------------------------------------------------------
     async def load(self, model: str, version: str, overrides: LoadOverrides | None = None) -> Replica:

@@ -23,6 +23,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -38,16 +39,16 @@ from mcp_worker.config import WorkerConfig
 from mcp_worker.drain import Drain
 from mcp_worker.executions import Executions
 from mcp_worker.memory import MemoryBudget
-from mcp_worker.models import ModelManager
+from mcp_worker.models import ModelManager, Replica
 from mcp_worker.nvml import GpuSampler
 from mcp_worker.registration import Registration
 from mcp_worker.repository import ModelRepository
 from mcp_worker.servicer_v2 import WorkerControlServicer
-from mcp_worker.zmq_server import Partial, TensorServer, load_curve_secret
-from mcpapi.v2 import worker_pb2_grpc
+from mcp_worker.zmq_server import Done, Partial, TensorServer, load_curve_secret
+from mcpapi.v2 import tensor_pb2, worker_pb2_grpc
 from mcpcore import wire
 from mcpcore.crypto import Keyring
-from mcpcore.errors import MCPError, error_class
+from mcpcore.errors import Internal, MCPError, error_class
 from mcpcore.etcd_store import EtcdStore
 from mcpcore.fencing import FenceCheck
 from mcpcore.keys import Keyspace, ReplicaId
@@ -92,6 +93,14 @@ class WorkerMetrics(RequestMetrics):
             "Control calls refused because they came from a deposed leader.",
             ("role",),
         )
+        self.zmq_messages = self.counter(
+            "mcp_worker_zmq_messages_total",
+            "Request messages on the tensor socket: single, or coalesced (several requests in one).",
+            ("kind",),
+        )
+        self.coalesced_requests = self.counter(
+            "mcp_worker_coalesced_requests_total", "Requests that arrived in coalesced messages."
+        )
         self.admission_refused = self.counter(
             "mcp_worker_admission_refused_total",
             "Requests refused at the door: the worker was full (exceeds maximum queue size).",
@@ -134,6 +143,8 @@ class Worker:
             on_state=self._state_changed,
             on_work=lambda model, macs: self.metrics.macs.labels(model).inc(macs),
         )
+        self._single_messages = self.metrics.zmq_messages.labels("single")  # bound once: per request
+        self._coalesced_messages = self.metrics.zmq_messages.labels("coalesced")
         self._curve_public = b""
         curve_secret = None
         if config.zmq_curve_secret_key_file:
@@ -141,6 +152,7 @@ class Worker:
         self.tensors = TensorServer(
             config.zmq_bind,
             self._handle,
+            start=self._start,
             limits=wire.Limits(
                 max_tensor_bytes=config.max_tensor_bytes, max_message_bytes=config.max_message_bytes
             ),
@@ -156,6 +168,7 @@ class Worker:
             on_not_held=lambda: self.metrics.observe_request(
                 "_unknown", "_unknown", "zmq", "UNAVAILABLE", seconds=0.0, error_class="unavailable"
             ),
+            on_message=self._count_message,
             heartbeat_s=config.zmq_heartbeat_s,
             heartbeat_timeout_s=config.zmq_heartbeat_timeout_s,
         )
@@ -274,32 +287,58 @@ class Worker:
     async def _handle(self, msg: wire.Message, partial: Partial) -> tuple[str, dict[str, Any]]:
         h = msg.header
         started = time.perf_counter()
-        features_off = None
-        if h.flags & wire.FLAG_SECONDARY_FEATURES_OFF:  # breaker level 2, set by the router
-            features_off = tuple(f for f in h.parameters.get(wire.PARAM_FEATURES_OFF, "").split(",") if f)
         try:
             replica, outputs = await self.manager.infer(
-                h.model,
-                h.version,
-                h.request_id,
-                msg.named(),
-                priority=h.priority or None,
-                timeout_s=h.timeout_us / 1e6 if h.timeout_us else None,
-                features_off=features_off,
-                parameters=wire.client_parameters(h),
-                partial=partial,
+                h.model, h.version, h.request_id, msg.named(), partial=partial, **_request_args(h)
             )
         except MCPError as err:
-            model, version = self.manager.labels(h.model, h.version)  # no labels from untrusted names
-            self.metrics.observe_request(
-                model, version, "zmq", err.code.name, seconds=time.perf_counter() - started,
-                error_class=error_class(err),
-            )  # fmt: skip
+            self._observe_error(h, err, started)
             raise
         self.metrics.observe_request(
             replica.rid.model, replica.rid.version, "zmq", "OK", seconds=time.perf_counter() - started
         )
         return replica.rid.version, outputs
+
+    def _start(self, msg: wire.Message, done: Done) -> Callable[[], None] | None:
+        """``_handle`` without a task, for the tensor socket's coalesced requests (``Starter``)."""
+        h = msg.header
+        started = time.perf_counter()
+
+        def finished(replica: Replica, result: dict[str, Any] | BaseException) -> None:
+            if isinstance(result, BaseException):
+                if not isinstance(result, MCPError):
+                    result = Internal(f"model {replica.key} failed: {type(result).__name__}")
+                self._observe_error(h, result, started)
+                done(result)
+                return
+            rid = replica.rid
+            self.metrics.observe_request(
+                rid.model, rid.version, "zmq", "OK", seconds=time.perf_counter() - started
+            )
+            done((rid.version, result))
+
+        try:
+            return self.manager.start(
+                h.model, h.version, h.request_id, msg.named(), finished, **_request_args(h)
+            )
+        except MCPError as err:
+            self._observe_error(h, err, started)
+            raise
+
+    def _count_message(self, coalesced: int) -> None:
+        """One request message: a single one (0), or one coalescing that many requests."""
+        if not coalesced:
+            self._single_messages.inc()
+        else:
+            self._coalesced_messages.inc()
+            self.metrics.coalesced_requests.inc(coalesced)
+
+    def _observe_error(self, h: tensor_pb2.TensorHeader, err: MCPError, started: float) -> None:
+        model, version = self.manager.labels(h.model, h.version)  # no labels from untrusted names
+        self.metrics.observe_request(
+            model, version, "zmq", err.code.name, seconds=time.perf_counter() - started,
+            error_class=error_class(err),
+        )  # fmt: skip
 
     def _state_changed(self, rid: ReplicaId, state: ReplicaState | None) -> None:
         for s in ReplicaState:
@@ -327,6 +366,7 @@ class Worker:
             "started_at": self._started,
             "curve_public_key": self._curve_public.decode(),
             "incarnation": self.incarnation,
+            "zmq_features": [wire.FEATURE_BATCH],  # it takes coalesced messages (tensor.proto)
             "capacity": cfg.capacity,
             "draining": self.draining,
         }
@@ -380,6 +420,19 @@ class Worker:
             "device_error": "",
             "models": models,
         }
+
+
+def _request_args(h: tensor_pb2.TensorHeader) -> dict[str, Any]:
+    """What a tensor header asks of the request besides its inputs (``ModelManager.infer``'s keywords)."""
+    features_off = None
+    if h.flags & wire.FLAG_SECONDARY_FEATURES_OFF:  # breaker level 2, set by the router
+        features_off = tuple(f for f in h.parameters.get(wire.PARAM_FEATURES_OFF, "").split(",") if f)
+    return {
+        "priority": h.priority or None,
+        "timeout_s": h.timeout_us / 1e6 if h.timeout_us else None,
+        "features_off": features_off,
+        "parameters": wire.client_parameters(h),
+    }
 
 
 def _advertised(endpoint: str, host: str) -> str:

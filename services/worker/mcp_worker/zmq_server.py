@@ -1,8 +1,14 @@
 """The worker's ZeroMQ tensor server: a ROUTER socket speaking ``mcpcore.wire``.
 
 Invariants:
-- Many requests are in flight at once: each admitted message becomes its own task, and replies go out in
-  whatever order the work finishes, addressed by the peer identity and carrying the request id.
+- Many requests are in flight at once, and replies go out in whatever order the work finishes, addressed
+  by the peer identity and carrying the request id. A request starts without a task of its own (the
+  ``Starter`` queues it with a callback; a decoupled model's, whose answers stream, runs as a task, the
+  ``Handler``). A coalesced message's requests (``KIND_BATCH``, sent by routers that read the record's
+  ``zmq_features``) are each admitted, answered, retried and cancelled exactly as a single one, and
+  their replies and refusals go back coalesced: those ready in one loop iteration for one peer leave as
+  one message, as do those of single requests flagged ``FLAG_TAKES_COALESCED``. Any other single
+  message is answered with single messages: older senders, the SDK.
 - Bounded: a request for a model held here holds an ``Admission`` ticket (requests and tensor bytes in
   flight, shared fairly between models) from its arrival to its reply (one for any other model is answered
   "not loaded here", not started, before admission); past the bounds it is refused at once "exceeds maximum
@@ -25,7 +31,8 @@ Invariants:
   (a multipart message arrives whole, so its later frames never wait), then lets the loop run the rest;
   ZeroMQ's descriptor is edge-like (a send can consume the edge a new message raised), so after a turn
   that took its limit, and after every send, one more look is scheduled: no message is ever left unseen.
-- The header is parsed once per request, on arrival: admission, the handler and the reply use that one.
+- The header is parsed once per request, on arrival (a coalesced message's headers in one parse):
+  admission, the handler and the reply use that one.
 - A decoupled model answers with any number of replies: each one the handler hands to its ``partial``
   callback goes out at once with ``FLAG_PARTIAL``, in order, and the request's last reply (its outputs,
   often none, or its error) goes without it; the ticket is held until that last one is sent.
@@ -38,7 +45,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,14 +58,14 @@ from mcpapi.v2 import tensor_pb2
 from mcpcore import wire
 from mcpcore.errors import Internal, InvalidArgument, MCPError, ResourceExhausted, Unavailable, not_started
 
-__all__ = ["Handler", "TensorServer", "load_curve_secret"]
+__all__ = ["Done", "Handler", "Starter", "TensorServer", "load_curve_secret"]
 
 
 def _header_or_none(frame: Any, limits: wire.Limits) -> tensor_pb2.TensorHeader | None:
     try:
         return wire.parse_header(frame, limits)
     except MCPError:
-        return None  # _reply parses it again and answers the error
+        return None  # _malformed parses it again and answers the error
 
 
 log = logging.getLogger(__name__)
@@ -68,6 +76,22 @@ Partial = Callable[[str, dict[str, np.ndarray]], None]
 #: Gets the decoded request and a ``Partial`` for its answers before the last; returns the version that
 #: served it and the (last) output tensors, or raises an MCPError, which goes back in the reply header.
 Handler = Callable[[wire.Message, Partial], Awaitable[tuple[str, dict[str, np.ndarray]]]]
+#: Takes a started request's end: (version, outputs), or the MCPError that goes back in its reply.
+Done = Callable[[tuple[str, dict[str, np.ndarray]] | MCPError], None]
+#: Starts a request without a task: queues it and returns a callable that withdraws it, and calls
+#: ``Done`` once, later, on the loop; raises an MCPError to refuse it. None: it needs the ``Handler``.
+Starter = Callable[[wire.Message, Done], Callable[[], None] | None]
+
+
+@dataclass(slots=True)
+class _Started:
+    """A request started through the ``Starter``: what answers or withdraws it."""
+
+    identity: Any
+    header: tensor_pb2.TensorHeader
+    ticket: Ticket
+    coalesced: bool  # it came in a coalesced message: its reply goes back in one
+    withdraw: Callable[[], None] = lambda: None
 
 
 def load_curve_secret(path: str) -> tuple[bytes, bytes]:
@@ -86,22 +110,25 @@ class TensorServer:
         bind: str,
         handler: Handler,
         *,
+        start: Starter | None = None,
         limits: wire.Limits = wire.DEFAULT_LIMITS,
         curve_secret: bytes | None = None,
         on_error: Callable[[str], None] | None = None,
         admission: Admission | None = None,
         holds: Callable[[str], bool] = lambda model: True,
         on_not_held: Callable[[], None] = lambda: None,
+        on_message: Callable[[int], None] = lambda coalesced: None,
         heartbeat_s: float = 1.0,
         heartbeat_timeout_s: float = 3.0,
     ) -> None:
         self._bind = bind
         self._handler = handler
+        self._start = start
         self._limits = limits
         self._curve_secret = curve_secret
         self._on_error = on_error or (lambda where: None)
         self.admission = admission or Admission(max_requests=1024, max_bytes=256 << 20)
-        self._holds, self._on_not_held = holds, on_not_held
+        self._holds, self._on_not_held, self._on_message = holds, on_not_held, on_message
         self._heartbeat = (heartbeat_s, heartbeat_timeout_s)
         self._ctx = zmq.Context()
         self._sock: zmq.Socket[Any] | None = None
@@ -111,6 +138,11 @@ class TensorServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._running: dict[tuple[bytes, str], asyncio.Task[None]] = {}  # (peer, request id) -> its task
         self._cancelled: set[tuple[bytes, str]] = set()  # cancelled by their sender: answered as such
+        self._started: dict[tuple[bytes, str], _Started] = {}  # coalesced requests started without a task
+        self._outbox: dict[bytes, tuple[Any, list[list[Any]]]] = {}  # peer -> coalesced replies to send
+        self._flush_scheduled = False
+        self._idle = asyncio.Event()
+        self._idle.set()
         self.endpoint = ""
         self.draining = False
         self.last_request = 0.0  # monotonic time of the last message received
@@ -145,17 +177,20 @@ class TensorServer:
 
     @property
     def in_flight(self) -> int:
-        return len(self._tasks)
+        return len(self._tasks) + len(self._started)
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until every admitted request is answered (True), or ``timeout_s`` passed (False)."""
-        deadline = time.monotonic() + timeout_s
-        while self._tasks:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            await asyncio.wait(list(self._tasks), timeout=left)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
         return True
+
+    def _settle(self) -> None:
+        if not self._tasks and not self._started:
+            self._idle.set()
 
     async def wait_quiet(self, quiet_s: float, max_s: float) -> None:
         """Wait until no request arrived for ``quiet_s`` (at most ``max_s``): while draining, senders that
@@ -171,6 +206,10 @@ class TensorServer:
             self._loop.remove_reader(self._sock.FD)
         for task in list(self._tasks):
             task.cancel()
+        for started in list(self._started.values()):  # unanswered, as a stopping task's request
+            started.withdraw()
+            self.admission.release(started.ticket)
+        self._started.clear()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._sock is not None:
             self._sock.close(linger=0)
@@ -201,29 +240,113 @@ class TensorServer:
         try:
             frames, header = self._receive()
             self.last_request = time.monotonic()
-            if header is not None and header.kind == tensor_pb2.KIND_CANCEL:
-                self._cancel(bytes(frames[0].bytes), header.request_id)
-                ticket = None
+            identity = frames[0]
+            if header is None:
+                self._malformed(identity, frames[1:])
+            elif header.kind == tensor_pb2.KIND_CANCEL:
+                self._cancel(bytes(identity.bytes), header.request_id)
+            elif header.kind == wire.KIND_BATCH:
+                self._on_message(len(header.batch))
+                self._take_batch(identity, header, frames[2:])
             else:
-                ticket = self._admit(frames, header)
+                self._on_message(0)
+                coalesced = bool(header.flags & wire.FLAG_TAKES_COALESCED)  # its reply may join others
+                if (ticket := self._admit(identity, header, coalesced=coalesced)) is not None:
+                    self._begin(identity, header, frames[2:], ticket, coalesced=coalesced)
         except Exception:
             log.exception("receive failed; the server goes on")
             self._on_error("zmq_receive")
+
+    def _take_batch(self, identity: Any, envelope: tensor_pb2.TensorHeader, frames: list[Any]) -> None:
+        """Admit and start each request of a coalesced message, each on its own terms."""
+        try:
+            parts = wire.uncoalesce(envelope, frames, self._limits)
+        except MCPError as error:  # nothing in it can be trusted: each request it names is refused
+            for header in envelope.batch[: self._limits.max_tensors]:
+                self._refuse(identity, header, error, retryable=False, coalesced=True)
             return
-        if ticket is None:  # answered already (refused, draining or malformed)
-            return
-        assert header is not None  # _admit answers every message whose header does not parse
-        task = asyncio.create_task(self._answer(frames[0], header, frames[2:], ticket))
-        key = (bytes(frames[0].bytes), header.request_id)
+        for header, tensors in parts:
+            ticket = self._admit(identity, header, coalesced=True)
+            if ticket is not None:
+                self._begin(identity, header, tensors, ticket, coalesced=True)
+
+    def _spawn(
+        self, identity: Any, header: tensor_pb2.TensorHeader, frames: Sequence[Any], ticket: Ticket
+    ) -> None:
+        """Run one admitted request as its own task (the ``Handler``)."""
+        task = asyncio.create_task(self._answer(identity, header, frames, ticket))
+        key = (bytes(identity.bytes), header.request_id)
         self._tasks.add(task)
+        self._idle.clear()
         self._running[key] = task
         task.add_done_callback(lambda t: self._done(t, key))
+
+    def _begin(
+        self,
+        identity: Any,
+        header: tensor_pb2.TensorHeader,
+        frames: Sequence[Any],
+        ticket: Ticket,
+        *,
+        coalesced: bool,
+    ) -> None:
+        """Start one admitted request without a task (the ``Starter``); a decoupled model's, or every one
+        without a ``Starter``, runs as a task."""
+        key = (bytes(identity.bytes), header.request_id)
+        started = _Started(identity, header, ticket, coalesced)
+        try:
+            withdraw = None
+            if self._start is not None:
+                msg = wire.Message(header, wire.tensors_of(header, frames, self._limits))
+                withdraw = self._start(msg, lambda result: self._finished(key, started, result))
+        except MCPError as err:
+            self.admission.release(ticket)
+            retryable = err.not_started and err.retryable
+            self._refuse(identity, header, err, retryable=retryable, coalesced=coalesced)
+            return
+        except Exception:
+            log.exception("request %s failed", header.request_id)
+            self._on_error("zmq_request")
+            self.admission.release(ticket)
+            error = Internal("internal error; the worker log has the details")
+            self._refuse(identity, header, error, retryable=False, coalesced=coalesced)
+            return
+        if withdraw is None:
+            self._spawn(identity, header, frames, ticket)
+            return
+        started.withdraw = withdraw
+        self._started[key] = started
+        self._idle.clear()
+
+    def _finished(
+        self, key: tuple[bytes, str], started: _Started, result: tuple[str, dict[str, np.ndarray]] | MCPError
+    ) -> None:
+        """A request started without a task ended: its ticket is released and its reply goes (a coalesced
+        one's with the peer's others of this iteration)."""
+        if self._started.get(key) is not started:
+            return  # withdrawn (cancelled, or the server stops): answered already, or never
+        del self._started[key]
+        self.admission.release(started.ticket)
+        header = started.header
+        try:
+            if isinstance(result, MCPError):
+                raise result
+            out = self._encode_reply(header, *result)
+        except MCPError as err:
+            out = [wire.error_reply(header, err, retryable=err.not_started and err.retryable)]
+        except Exception:
+            log.exception("request %s: the reply could not be encoded", header.request_id)
+            self._on_error("zmq_request")
+            out = [wire.error_reply(header, Internal("internal error; the worker log has the details"))]
+        self._post(started.identity, out, coalesced=started.coalesced)
+        self._settle()
 
     def _done(self, task: asyncio.Task[None], key: tuple[bytes, str]) -> None:
         self._tasks.discard(task)
         if self._running.get(key) is task:
             del self._running[key]
         self._cancelled.discard(key)
+        self._settle()
 
     def _cancel(self, peer: bytes, request_id: str) -> None:
         """The sender gave up on the request: stop it (dropped if queued; a stream stops answering)."""
@@ -232,34 +355,41 @@ class TensorServer:
         if task is not None and not task.done():
             self._cancelled.add(key)
             task.cancel()
+            return
+        started = self._started.pop(key, None)
+        if started is not None:  # no task to answer it: answered here, as a task would be
+            started.withdraw()
+            self.admission.release(started.ticket)
+            error = Unavailable("cancelled: the sender gave up on the request")
+            reply = [wire.error_reply(started.header, error)]
+            self._post(started.identity, reply, coalesced=started.coalesced)
+            self._settle()
 
-    def _admit(self, frames: list[Any], header: tensor_pb2.TensorHeader | None) -> Ticket | None:
+    def _malformed(self, identity: Any, body: list[Any]) -> None:
+        """Answer a message whose header does not parse (parsed again only to name what is wrong)."""
+        try:
+            if not body:
+                raise InvalidArgument("empty message: expected [TensorHeader, tensor frames...]")
+            wire.parse_header(body[0], self._limits)
+            raise InvalidArgument("first frame is not a TensorHeader")
+        except MCPError as error:
+            self._refuse(identity, None, error, retryable=False)
+
+    def _admit(self, identity: Any, header: tensor_pb2.TensorHeader, *, coalesced: bool) -> Ticket | None:
         """A ticket for the request, or None once it has been answered here and now."""
-        identity, body = frames[0], frames[1:]
-        if header is None:
-            try:  # parsed again only to name what is wrong with it
-                if not body:
-                    raise InvalidArgument("empty message: expected [TensorHeader, tensor frames...]")
-                wire.parse_header(body[0], self._limits)
-                raise InvalidArgument("first frame is not a TensorHeader")
-            except MCPError as error:
-                self._refuse(identity, None, error, retryable=False)
-            return None
         if self.draining:
             error = not_started(Unavailable("worker is stopping (draining); send it to another worker"))
-            self._refuse(identity, header, error, wire.FLAG_DRAINING)
+            self._refuse(identity, header, error, wire.FLAG_DRAINING, coalesced=coalesced)
             return None
-        if not self._holds(
-            header.model
-        ):  # answered before admission: names from the network count for nothing
-            self._refuse(
-                identity, header, not_started(Unavailable(f"model {header.model} is not loaded here"))
-            )
+        if not self._holds(header.model):  # answered unadmitted: names from the network count for nothing
+            self._on_not_held()
+            error = not_started(Unavailable(f"model {header.model} is not loaded here"))
+            self._refuse(identity, header, error, coalesced=coalesced)
             return None
         try:
             return self.admission.admit(header.model, sum(spec.byte_size for spec in header.tensors))
         except MCPError as error:
-            self._refuse(identity, header, error)
+            self._refuse(identity, header, error, coalesced=coalesced)
             return None
 
     def _refuse(
@@ -270,10 +400,35 @@ class TensorServer:
         flags: int = 0,
         *,
         retryable: bool = True,
+        coalesced: bool = False,
     ) -> None:
-        assert self._sock is not None
         reply = wire.error_reply(header, error, retryable=retryable, flags=flags)
-        self._send([identity, reply], "a refusal")
+        self._post(identity, [reply], coalesced=coalesced)
+
+    def _post(self, identity: Any, frames: list[Any], *, coalesced: bool) -> None:
+        """Send one reply: at once, or (a coalesced request's) with the peer's others of this iteration."""
+        if not coalesced:
+            self._send([identity, *frames], "a reply")
+            return
+        peer = bytes(identity.bytes)
+        queued = self._outbox.get(peer)
+        if queued is None:
+            self._outbox[peer] = (identity, [frames])
+        else:
+            queued[1].append(frames)
+        if not self._flush_scheduled and self._loop is not None:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Send each peer's coalesced replies of the last iteration, as few messages as the limits allow."""
+        self._flush_scheduled = False
+        outbox, self._outbox = self._outbox, {}
+        if self._sock is None or self._sock.closed:
+            return
+        for identity, replies in outbox.values():
+            for _, message in wire.coalesce(replies, self._limits):
+                self._send([identity, *message], "coalesced replies")
 
     def _send(self, frames: list[Any], what: str) -> None:
         assert self._sock is not None
@@ -302,7 +457,7 @@ class TensorServer:
         self,
         identity: zmq.Frame,
         header: tensor_pb2.TensorHeader,
-        frames: list[Any],
+        frames: Sequence[Any],
         ticket: Ticket,
     ) -> None:
         try:
@@ -310,7 +465,9 @@ class TensorServer:
         finally:
             self.admission.release(ticket)
 
-    async def _reply(self, identity: zmq.Frame, header: tensor_pb2.TensorHeader, frames: list[Any]) -> None:
+    async def _reply(
+        self, identity: zmq.Frame, header: tensor_pb2.TensorHeader, frames: Sequence[Any]
+    ) -> None:
         """Run the request (``frames``: its tensor frames, checked here against ``header``) and answer."""
 
         broken: list[MCPError] = []  # a partial reply that could not go: the last reply says so

@@ -32,6 +32,7 @@ class HeaderFlag(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FLAG_RETRYABLE: _ClassVar[HeaderFlag]
     FLAG_DRAINING: _ClassVar[HeaderFlag]
     FLAG_PARTIAL: _ClassVar[HeaderFlag]
+    FLAG_TAKES_COALESCED: _ClassVar[HeaderFlag]
 
 class MessageKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -39,6 +40,7 @@ class MessageKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     KIND_REQUEST: _ClassVar[MessageKind]
     KIND_REPLY: _ClassVar[MessageKind]
     KIND_CANCEL: _ClassVar[MessageKind]
+    KIND_BATCH: _ClassVar[MessageKind]
 TYPE_INVALID: DataType
 TYPE_BOOL: DataType
 TYPE_UINT8: DataType
@@ -59,10 +61,12 @@ FLAG_SECONDARY_FEATURES_OFF: HeaderFlag
 FLAG_RETRYABLE: HeaderFlag
 FLAG_DRAINING: HeaderFlag
 FLAG_PARTIAL: HeaderFlag
+FLAG_TAKES_COALESCED: HeaderFlag
 KIND_UNSPECIFIED: MessageKind
 KIND_REQUEST: MessageKind
 KIND_REPLY: MessageKind
 KIND_CANCEL: MessageKind
+KIND_BATCH: MessageKind
 
 class TensorSpec(_message.Message):
     __slots__ = ("name", "dtype", "shape", "byte_size")
@@ -77,7 +81,7 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DataType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., byte_size: _Optional[int] = ...) -> None: ...
 
 class TensorHeader(_message.Message):
-    __slots__ = ("kind", "request_id", "model", "version", "tensors", "timeout_us", "priority", "flags", "status_code", "status_message", "parameters")
+    __slots__ = ("kind", "request_id", "model", "version", "tensors", "timeout_us", "priority", "flags", "status_code", "status_message", "parameters", "batch")
     class ParametersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +100,7 @@ class TensorHeader(_message.Message):
     STATUS_CODE_FIELD_NUMBER: _ClassVar[int]
     STATUS_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     kind: MessageKind
     request_id: str
     model: str
@@ -107,4 +112,5 @@ class TensorHeader(_message.Message):
     status_code: int
     status_message: str
     parameters: _containers.ScalarMap[str, str]
-    def __init__(self, kind: _Optional[_Union[MessageKind, str]] = ..., request_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., timeout_us: _Optional[int] = ..., priority: _Optional[int] = ..., flags: _Optional[int] = ..., status_code: _Optional[int] = ..., status_message: _Optional[str] = ..., parameters: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    batch: _containers.RepeatedCompositeFieldContainer[TensorHeader]
+    def __init__(self, kind: _Optional[_Union[MessageKind, str]] = ..., request_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., timeout_us: _Optional[int] = ..., priority: _Optional[int] = ..., flags: _Optional[int] = ..., status_code: _Optional[int] = ..., status_message: _Optional[str] = ..., parameters: _Optional[_Mapping[str, str]] = ..., batch: _Optional[_Iterable[_Union[TensorHeader, _Mapping]]] = ...) -> None: ...
