@@ -2,9 +2,10 @@
 
 Closed loop (default): ``CONC`` coroutines each send a one-row FP32 [1, 64] ``mcpapi.v2.Inference/Infer``
 (``--kserve``: KServe V2 ``ModelInfer``, input ``INPUT`` in ``raw_input_contents``) and wait for the
-answer, for ``SECONDS`` after a short warm-up. Open loop (``--rate R``): requests start
-at Poisson times, ``R`` a second, whatever the answers (at most ``CONC`` at once, so a stalled server
-cannot make the generator itself grow), the way traffic from many users arrives at an overloaded server.
+answer, for ``SECONDS`` after a short warm-up, over ``--connections`` TCP connections (1). Open loop
+(``--rate R``): requests start at Poisson times, ``R`` a second, whatever the answers (at most ``CONC``
+at once, so a stalled server cannot make the generator itself grow), the way traffic from many users
+arrives at an overloaded server.
 Prints one JSON line: rps (answered), p50/p99 latency (ms) of answered requests, errors, and for refusals
 ("exceeds maximum queue size") their count and p99 latency, plus client CPU seconds.
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import itertools
 import json
 import random
 import time
@@ -51,17 +54,37 @@ def _call(channel: grpc.aio.Channel, model: str, kserve: bool) -> tuple[Any, Any
 
 
 async def run(
-    target: str, model: str, conc: int, seconds: float, *, rate: float = 0.0, kserve: bool = False
+    target: str,
+    model: str,
+    conc: int,
+    seconds: float,
+    *,
+    rate: float = 0.0,
+    kserve: bool = False,
+    connections: int = 1,
 ) -> dict[str, float]:
     ok: list[float] = []
     refused: list[float] = []
     errors = 0
     measuring = False
-    async with grpc.aio.insecure_channel(target) as channel:
-        request, infer = _call(channel, model, kserve)
+    async with contextlib.AsyncExitStack() as stack:
+        # each its own TCP connection (no shared subchannel), so that a server of several processes
+        # behind one port (SO_REUSEPORT) gets them spread over its processes; clients take turns
+        calls = [
+            _call(
+                await stack.enter_async_context(
+                    grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+                ),
+                model,
+                kserve,
+            )
+            for _ in range(connections)
+        ]
+        turn = itertools.count()
 
         async def one() -> None:
             nonlocal errors
+            request, infer = calls[next(turn) % len(calls)]
             start = time.perf_counter()
             try:
                 await infer(request, timeout=10)
@@ -125,6 +148,10 @@ if __name__ == "__main__":
     parser.add_argument("seconds", type=float)
     parser.add_argument("--rate", type=float, default=0.0, help="open loop: requests a second")
     parser.add_argument("--kserve", action="store_true", help="KServe V2 ModelInfer, input INPUT")
+    parser.add_argument("--connections", type=int, default=1, help="TCP connections the clients share")
     args = parser.parse_args()
-    figures = run(args.target, args.model, args.conc, args.seconds, rate=args.rate, kserve=args.kserve)
+    figures = run(
+        args.target, args.model, args.conc, args.seconds, rate=args.rate, kserve=args.kserve,
+        connections=args.connections,
+    )  # fmt: skip
     print(json.dumps(asyncio.run(figures)))

@@ -44,9 +44,10 @@ LOADGEN_WARMUP_S = 0.5  # bench/loadgen.py's warm-up before it measures
 GRPC_LIMITS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 
 
-def _loadgen(target: str, model: str, conc: int, seconds: float) -> dict[str, float]:
+def _loadgen(target: str, model: str, conc: int, seconds: float, connections: int = 1) -> dict[str, float]:
     out = subprocess.run(
-        [sys.executable, str(BENCH / "loadgen.py"), target, model, str(conc), str(seconds), "--kserve"],
+        [sys.executable, str(BENCH / "loadgen.py"), target, model, str(conc), str(seconds), "--kserve",
+         "--connections", str(connections)],
         capture_output=True, text=True, check=True, timeout=seconds + 60,
     )  # fmt: skip
     return json.loads(out.stdout)

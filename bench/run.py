@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from delivery_bench import bench_duplicates_after_kill, bench_overload  # noqa: E402
 from health_bench import bench_failover  # noqa: E402
 from mempool_bench import bench_mempool  # noqa: E402
+from processes_bench import bench_processes  # noqa: E402
 from receive_bench import bench_receive  # noqa: E402
 from ring_bench import bench_ring  # noqa: E402
 from router_bench import bench_e2e, bench_transport  # noqa: E402
@@ -134,6 +135,7 @@ BENCHES: dict[str, Callable[[Path, float], dict[str, float]]] = {
     "overload": bench_overload,
     "mempool": bench_mempool,
     "receive": bench_receive,
+    "processes": bench_processes,
 }
 
 

@@ -27,7 +27,7 @@ from typing import Protocol, TypeVar
 from mcpcore.config import add_flags, load_config, overrides_from_args
 from mcpcore.errors import MCPError
 
-__all__ = ["Service", "main"]
+__all__ = ["Service", "main", "parse_config", "setup_logging"]
 
 C = TypeVar("C")
 
@@ -76,6 +76,15 @@ async def serve(factory: Callable[[C], Service], config: C) -> None:
         logging.getLogger(__name__).exception("stopping %s failed; exiting anyway", type(service).__name__)
 
 
+def setup_logging() -> None:
+    """Log lines to stderr at ``MCP_LOG_LEVEL`` (INFO), as every service process does."""
+    logging.basicConfig(
+        level=os.environ.get("MCP_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
 def main(
     prog: str,
     config_cls: type[C],
@@ -83,11 +92,7 @@ def main(
     factory: Callable[[C], Service],
     argv: list[str] | None = None,
 ) -> int:
-    logging.basicConfig(
-        level=os.environ.get("MCP_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    setup_logging()
     try:
         config = parse_config(prog, config_cls, env_prefix, argv)
     except MCPError as exc:

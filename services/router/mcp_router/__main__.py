@@ -1,6 +1,7 @@
 """``python -m mcp_router [--config router.yaml] [--flags]``: run one router until SIGTERM/SIGINT.
 
-Configuration: defaults < ``--config`` YAML < ``MCP_ROUTER_*`` env < flags. Once serving, one JSON line
+Configuration: defaults < ``--config`` YAML < ``MCP_ROUTER_*`` env < flags. ``--processes N`` (N > 1)
+runs N routers behind the same ports instead (``mcp_router.processes``). Once serving, one JSON line
 ``{"event": "ready", ...endpoints}`` goes to stdout (see ``mcpcore.runner``).
 """
 
@@ -11,10 +12,22 @@ import sys
 from mcp_router.config import RouterConfig
 from mcp_router.server import RouterServer
 from mcpcore import runner
+from mcpcore.errors import MCPError
 
 
 def main(argv: list[str] | None = None) -> int:
-    return runner.main("mcp-router", RouterConfig, "MCP_ROUTER_", RouterServer, argv)
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        config = runner.parse_config("mcp-router", RouterConfig, "MCP_ROUTER_", args)
+    except MCPError as exc:
+        print(f"mcp-router: {exc.message}", file=sys.stderr)
+        return 2
+    if config.processes > 1:  # a supervisor of that many routers (mcp_router.processes)
+        from mcp_router import processes  # noqa: PLC0415
+
+        runner.setup_logging()
+        return processes.supervise(config, args)
+    return runner.main("mcp-router", RouterConfig, "MCP_ROUTER_", RouterServer, args)
 
 
 if __name__ == "__main__":

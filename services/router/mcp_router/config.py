@@ -25,6 +25,11 @@ class RouterConfig:
     rest_max_body_bytes: int = 64 << 20
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 9101
+    #: Router processes on this host behind the same gRPC and REST ports (SO_REUSEPORT), sharing nothing
+    #: but etcd: process i is router ``<router_id>-<i>`` with metrics on ``metrics_port + i``.
+    processes: int = 1
+    #: Bind the gRPC and REST ports with SO_REUSEPORT (what ``processes`` sets for each of its routers).
+    reuse_port: bool = False
     etcd_endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
     etcd_prefix: str = "/mcp"
     etcd_timeout_s: float = 5.0
@@ -67,6 +72,8 @@ class RouterConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "router_id", instance_id(self.router_id, "router_id"))
+        if not 1 <= self.processes <= 64:
+            raise ValueError(f"processes: must be within 1..64, got {self.processes}")
         if self.load_factor < 1.0:
             raise ValueError(f"load_factor: must be >= 1.0, got {self.load_factor}")
         if not 0 <= self.retry_budget_ratio <= 1:

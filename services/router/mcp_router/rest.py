@@ -184,13 +184,14 @@ class RestFrontEnd:
         app.add_routes([web.route(r.method, r.path, _guarded(r.handler, self._max_body)) for r in routes])  # type: ignore[attr-defined]
         return app
 
-    async def start(self, host: str, port: int) -> int:
-        """Bind (port 0 picks one) and serve; returns the bound port."""
+    async def start(self, host: str, port: int, *, reuse_port: bool = False) -> int:
+        """Bind (port 0 picks one) and serve; returns the bound port. ``reuse_port``: SO_REUSEPORT, so
+        that other router processes serve the same port."""
         self._runner = web.AppRunner(
             self.app(), access_log=None, handle_signals=False, shutdown_timeout=self._grace_s
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        site = web.TCPSite(self._runner, host, port, reuse_address=True, reuse_port=reuse_port or None)
         await site.start()
         server = site._server
         return int(server.sockets[0].getsockname()[1]) if server is not None else port

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any
 
 import grpc
@@ -105,6 +106,8 @@ class RouterServer:
             options=[
                 ("grpc.max_receive_message_length", 64 << 20),
                 ("grpc.max_send_message_length", 64 << 20),
+                # only router processes of one --processes share a port; another router there is an error
+                ("grpc.so_reuseport", 1 if config.reuse_port else 0),
             ],
         )
         self.shm = SharedMemory()  # system shared memory regions: one registry for both front doors
@@ -136,13 +139,16 @@ class RouterServer:
             KServeServicer(self.router, version=VERSION, shm=self.shm, tracer=self.tracer),
         )
         port = await self.grpc.start(cfg.grpc_host, cfg.grpc_port)
-        rest_port = await self.rest.start(cfg.rest_host, cfg.rest_port) if cfg.rest_port >= 0 else None
+        rest_port = None
+        if cfg.rest_port >= 0:
+            rest_port = await self.rest.start(cfg.rest_host, cfg.rest_port, reuse_port=cfg.reuse_port)
         await self.store.connect()
         await self.snapshots.start()
         self.publisher.start()
         await self.grpc.set_serving()
         self.endpoints = {
             "router_id": cfg.router_id,
+            "pid": str(os.getpid()),
             "grpc": f"{cfg.grpc_host}:{port}",
             "metrics": f"{cfg.metrics_host}:{metrics_port}",
         }
