@@ -7,6 +7,7 @@ Single messages, as older routers and the SDK send them, stay valid and are answ
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import dataclass
 
@@ -145,9 +146,9 @@ def test_an_older_senders_single_messages_get_single_replies(worker, client, rep
 
 
 def test_a_queued_coalesced_request_can_be_cancelled_and_never_runs(worker, client):
-    """One slot, demo-slow runs 8 rows per 50 ms: the last of 16 still waits when its cancel comes."""
+    """One slot, demo-slow runs 8 rows per 50 ms: the last of 24 waits >= 100 ms; its cancel comes at once."""
     executed = metric(worker, "mcp_worker_executions_total", model="demo-slow")
-    batch = [request("demo-slow", {"INPUT0": ROWS[0]}) for _ in range(16)]
+    batch = [request("demo-slow", {"INPUT0": ROWS[0]}) for _ in range(24)]
     send_coalesced(client, [m for _, m in batch])
     last = batch[-1][0]
     cancel = tensor_pb2.TensorHeader(kind=tensor_pb2.KIND_CANCEL, request_id=last, model="demo-slow")
@@ -157,7 +158,7 @@ def test_a_queued_coalesced_request_can_be_cancelled_and_never_runs(worker, clie
     assert cancelled.header.status_code == CODE[Unavailable]
     assert "cancelled" in cancelled.header.status_message
     assert all(got[rid][0].header.status_code == 0 for rid, _ in batch[:-1])
-    assert metric(worker, "mcp_worker_executions_total", model="demo-slow") == executed + 15
+    assert metric(worker, "mcp_worker_executions_total", model="demo-slow") == executed + 23
 
 
 def test_a_coalesced_message_that_does_not_add_up_is_refused_per_request(worker, client):
@@ -192,3 +193,92 @@ def test_replies_bound_for_a_gone_peer_do_not_stop_the_worker(worker, repo):
         )
     finally:
         other.close()
+
+
+def test_single_requests_that_take_coalesced_replies_get_them(worker, client, repo):
+    """Routers flag every request FLAG_TAKES_COALESCED: the replies of one batch go back together."""
+    rids = [client.send("demo-mlp", {"INPUT0": x}, flags=wire.FLAG_TAKES_COALESCED) for x in ROWS]
+    got = until_ended(client, set(rids))
+    for rid, x in zip(rids, ROWS, strict=True):
+        [reply] = got[rid]
+        np.testing.assert_allclose(
+            reply.tensors[0], mlp_reference(repo, "demo-mlp", "1", x), rtol=1e-5, atol=1e-6
+        )
+    assert any(got[rid][0].coalesced for rid in rids)  # sent one by one, batched together, answered together
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory, etcd_endpoint, repo):
+    """A worker with room for 4 requests: a ticket it never gets back shows at once."""
+    proc = WorkerProcess(
+        tmp_path_factory.mktemp("small"), etcd_endpoint, repo, prefix=f"/t{uuid.uuid4().hex[:8]}/mcp",
+        exec_slots=1, max_in_flight_requests=4,
+    ).start()  # fmt: skip
+    load_and_run(proc.control(), "demo-mlp")
+    yield proc
+    proc.stop()
+
+
+def test_a_request_id_already_in_flight_is_refused_and_costs_no_ticket(small):
+    client = TensorClient(small.endpoints["zmq"])
+    try:
+        for _ in range(6):  # more rounds than the worker has tickets: a leak would refuse the last ones
+            rid, first = request("demo-mlp", {"INPUT0": ROWS[0]})
+            again = wire.encode(wire.parse_header(first[0]), {"INPUT0": ROWS[1]})  # the same id
+            send_coalesced(client, [first, again])
+            replies: list[Reply] = []
+            while len(replies) < 2:
+                replies += receive(client)
+            codes = sorted(r.header.status_code for r in replies)
+            assert [r.header.request_id for r in replies] == [rid, rid]
+            assert codes == [0, CODE[InvalidArgument]]
+            refused = next(r for r in replies if r.header.status_code)
+            assert "already in flight" in refused.header.status_message
+        rids = [client.send("demo-mlp", {"INPUT0": x}) for x in ROWS[:4]]  # all 4 tickets are free
+        got = until_ended(client, set(rids))
+        assert all(got[rid][0].header.status_code == 0 for rid in rids)
+    finally:
+        client.close()
+
+
+async def test_stopping_ends_a_wait_for_idle_and_sends_the_replies_made(tmp_path):
+    """A request started without a task, held by its model, when the server stops: a wait for idle
+    ends then (not at its timeout), and an answered request's coalesced reply still goes."""
+    import zmq.asyncio  # noqa: PLC0415
+
+    from mcp_worker.zmq_server import TensorServer  # noqa: PLC0415
+
+    loop = asyncio.get_running_loop()
+    taken = asyncio.Event()
+    one = np.ones(1, np.float32)
+
+    def start(msg: wire.Message, done):  # type: ignore[no-untyped-def]
+        if msg.header.request_id == "quick":
+            loop.call_soon(done, ("1", {"Y": one}))
+        else:
+            taken.set()  # its model never answers
+        return lambda: None
+
+    async def handler(msg, partial):  # type: ignore[no-untyped-def]
+        raise AssertionError("no request here needs a task")
+
+    srv = TensorServer(f"ipc://{tmp_path}/t.sock", handler, start=start)
+    await srv.start()
+    ctx = zmq.asyncio.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(srv.endpoint)
+    try:
+        frames = [wire.encode(tensor_pb2.TensorHeader(request_id=rid, model="m"), {"X": one})
+                  for rid in ("slow", "quick")]  # fmt: skip
+        [(_, message)] = wire.coalesce(frames)
+        await sock.send_multipart(message, copy=False)
+        await asyncio.wait_for(taken.wait(), 5)
+        idle = asyncio.create_task(srv.wait_idle(30))
+        await srv.stop()
+        async with asyncio.timeout(5):
+            assert await idle  # at once, not after 30 s
+            reply = wire.parse_header((await sock.recv_multipart())[0])
+        assert reply.request_id == "quick" and reply.status_code == 0
+    finally:
+        sock.close(linger=0)
+        ctx.term()

@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from harness import make_demo_repository, metric, small_mesh, wait_for
+from harness import RouterProcess, make_demo_repository, metric, small_mesh, wait_for
 
 from mcpapi.kserve import grpc_service_pb2 as kserve_pb
 from mcpapi.kserve import grpc_service_pb2_grpc as kserve_grpc
@@ -121,3 +121,28 @@ def test_a_bad_process_count_is_refused_before_anything_starts():
         timeout=30,
     )
     assert done.returncode == 2 and "processes: must be within 1..64, got 0" in done.stderr
+
+
+def test_a_second_router_on_a_taken_port_fails_instead_of_sharing_it(tmp_path, etcd_endpoint):
+    """Only the routers of one --processes share a port: another one there would split its clients."""
+    prefix = "/t-taken/mcp"
+    first = RouterProcess(tmp_path, etcd_endpoint, prefix=prefix, scheduler="").start()
+    try:
+        port = first.endpoints["grpc"].rsplit(":", 1)[1]
+        second = RouterProcess(tmp_path, etcd_endpoint, prefix=prefix, scheduler="", grpc_port=port)
+        with pytest.raises(RuntimeError, match="exited"):
+            second.start()
+        assert second.proc is not None and second.proc.wait(10) != 0
+        assert "Failed to bind" in second.log.read_text()
+    finally:
+        first.stop()
+
+
+def test_routers_do_not_outlive_a_supervisor_killed_outright(tmp_path, etcd_endpoint):
+    """kill -9 of the supervisor: its routers get SIGTERM from the kernel and stop (no orphan keeps the
+    port and the router ids)."""
+    router = RouterProcess(tmp_path, etcd_endpoint, prefix="/t-orphan/mcp", scheduler="", processes=2).start()
+    ids = [p["router_id"] for p in router.endpoints["processes"]]
+    assert all(pid_of(i) is not None for i in ids)
+    router.kill()
+    wait_for(lambda: all(pid_of(i) is None for i in ids), what="the routers gone with their supervisor")

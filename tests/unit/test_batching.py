@@ -426,3 +426,41 @@ async def test_a_batchs_answers_are_spread_over_loop_iterations_and_a_stop_answe
         await task
     # each its own, exactly once, none lost
     assert [[int(out["y"][0]) for out in answers[i]] for i in range(10)] == [[i] for i in range(10)]
+
+
+async def test_enqueued_requests_are_answered_through_their_callbacks_once(make):
+    """The tensor socket's path: no task per request, each answered once on the loop; a withdrawn one
+    is never answered, and a taker that raises costs the rest of its batch nothing."""
+    model = Model()
+    q = make().add_model("m/1", cfg(64, delay=0.01), model, SHARE)
+    got: dict[str, list] = {f"r{i}": [] for i in range(4)}
+    everyone = asyncio.Event()
+
+    def taker(name: str):  # type: ignore[no-untyped-def]
+        def take(result) -> None:  # type: ignore[no-untyped-def]
+            got[name].append(result)
+            if name == "r0":
+                raise RuntimeError("the taker's own bug")
+            if all(got[n] for n in ("r0", "r2", "r3")):
+                everyone.set()
+
+        return take
+
+    reqs = [q.enqueue(name, row(i), taker(name)) for i, name in enumerate(got)]
+    q.withdraw(reqs[1])  # its sender gave up while it was still queued
+    await asyncio.wait_for(everyone.wait(), 5)
+    await settle()
+    assert got["r1"] == [] and model.batches == [[0.0, 2.0, 3.0]]  # withdrawn: never ran
+    for i in (0, 2, 3):
+        [out] = got[f"r{i}"]
+        np.testing.assert_array_equal(out["OUTPUT0"], model(row(i))["OUTPUT0"])
+    assert q.stats().queue_depth == 0
+
+
+async def test_a_refusal_at_enqueue_raises_and_calls_nothing(make):
+    q = make().add_model("m/1", cfg(4, max_queue_size=1), Model(), SHARE)
+    q.pause()
+    called: list = []
+    with pytest.raises(Unavailable, match="paused") as refused:
+        q.enqueue("r", row(1), called.append)
+    assert refused.value.not_started and called == []

@@ -111,6 +111,7 @@ class _Link:
         self.draining = False  # the worker answered "draining": send it nothing more
         self.look_scheduled = False
         self.outbox: dict[str, list[Any]] = {}  # request id -> its frames, until this iteration's flush
+        self.flush_scheduled = False
 
     def _configure(self, endpoint: WorkerEndpoint, fwd: Forwarder) -> zmq.asyncio.Socket:
         limits = fwd.limits
@@ -303,11 +304,12 @@ class Forwarder:
         self.loads[worker_id] += 1
         self.nbytes += nbytes
         if coalescing:  # leaves with this iteration's others for the worker (``_flush``)
-            if not link.outbox:
+            link.outbox[rid] = frames
+            if not link.flush_scheduled:
+                link.flush_scheduled = True
                 self._to_flush.append(link)
                 if len(self._to_flush) == 1:
                     loop.call_soon(self._flush)
-            link.outbox[rid] = frames
         try:
             async with asyncio.timeout(timeout_s):
                 return await future
@@ -336,20 +338,34 @@ class Forwarder:
         send refuses fail ``NotSent`` (they never left)."""
         links, self._to_flush = self._to_flush, []
         for link in links:
+            link.flush_scheduled = False
+        for link in links:
             out, link.outbox = link.outbox, {}
             if not out or self._links.get(link.endpoint.id) is not link:
-                continue  # sent or failed already (the link closed)
+                continue  # failed already (the link closed)
             rids, messages = list(out), list(out.values())
+            try:
+                groups = wire.coalesce(messages, self.limits)
+            except Exception as exc:  # never: the frames were made by encode; if so, none of them left
+                log.exception("requests for worker %s could not be coalesced", link.endpoint.id)
+                self._unsent(link, rids, f"worker {link.endpoint.id}: the send failed ({exc})")
+                continue
             at = 0
-            for count, message in wire.coalesce(messages, self.limits):
+            for count, message in groups:
                 group, at = rids[at : at + count], at + count
                 try:
                     self._send_now(link, message)
                 except NotSent as exc:
-                    for rid in group:
-                        entry = self._finish(link.endpoint.id, link, rid)
-                        if entry is not None and entry.future is not None and not entry.future.done():
-                            entry.future.set_exception(NotSent(exc.message))
+                    self._unsent(link, group, exc.message)
+                except Exception as exc:  # whatever it was, these did not leave; the other links go on
+                    log.exception("sending to worker %s failed", link.endpoint.id)
+                    self._unsent(link, group, f"worker {link.endpoint.id}: the send failed ({exc})")
+
+    def _unsent(self, link: _Link, rids: list[str], why: str) -> None:
+        for rid in rids:
+            entry = self._finish(link.endpoint.id, link, rid)
+            if entry is not None and entry.future is not None and not entry.future.done():
+                entry.future.set_exception(NotSent(why))
 
     def _abandon(self, link: _Link, header: tensor_pb2.TensorHeader, entry: _Pending) -> None:
         """Given up by the router: the worker is told (KIND_CANCEL: it drops the request if still queued,

@@ -10,13 +10,18 @@ Invariants:
 - One ready line, once all are ready: the shared ``grpc`` and ``rest`` addresses, the first process's
   ``metrics``, and every process's id, pid and metrics address under ``processes``.
 - A process that exits while the supervisor is not stopping is started again under the same index (and
-  id), at most once a second; SIGTERM/SIGINT go to every process, and the supervisor exits once they
-  have (their own graceful stop: notice period, drain), killing any that outlive the drain timeout.
+  id) after 1 s, doubling up to 30 s while it keeps dying within 10 s of its start; SIGTERM/SIGINT go to
+  every process, and the supervisor exits once they have (their own graceful stop: notice period,
+  drain, etcd), killing any that outlive that budget. A process gets SIGTERM when its supervisor dies.
+- What a router keeps in memory stays per process: sequences are pinned by the process that saw their
+  start (a sequence's requests belong on one connection), and the per-worker bounds
+  (``max_in_flight_per_worker``, bounded loads) count that process's requests only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -35,7 +40,10 @@ __all__ = ["supervise"]
 
 log = logging.getLogger(__name__)
 _READY_TIMEOUT_S = 60.0
-_RESTART_GAP_S = 1.0
+_RESTART_GAP_S = 1.0  # a process that exits is started again after at least this, doubling ...
+_RESTART_MAX_GAP_S = 30.0  # ... up to this while it keeps exiting within _QUICK_EXIT_S of its start
+_QUICK_EXIT_S = 10.0
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -47,12 +55,21 @@ class _Child:
     started: float = 0.0
     ready: dict[str, Any] = field(default_factory=dict)
 
+    quick_exits: int = 0  # exits in a row soon after a start: the restart backs off
+
     def start(self, *, again: bool = False) -> None:
-        """Start it; a restart's ready line is not read (nothing waits for it)."""
+        """Start it; a restart's ready line is not read (nothing waits for it). It gets SIGTERM when
+        the supervisor dies, however it dies (no orphan keeps serving the port)."""
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            self.args, stdout=subprocess.DEVNULL if again else subprocess.PIPE, text=True
-        )
+            self.args, stdout=subprocess.DEVNULL if again else subprocess.PIPE, text=True,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509  (the supervisor runs no threads)
+        )  # fmt: skip
+
+
+def _die_with_parent() -> None:  # in the child, before exec (the supervisor runs no threads)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _reserve(host: str, port: int) -> tuple[int, socket.socket | None]:
@@ -98,7 +115,9 @@ def supervise(config: RouterConfig, argv: list[str]) -> int:
     def stop(signum: int, _frame: Any) -> None:
         if not stopping:  # their own graceful stop, then whatever outlives it is killed
             signal.signal(signal.SIGALRM, kill_rest)
-            signal.alarm(int(config.shutdown_delay_s + config.drain_timeout_s) + 5)
+            # a router's stop: its notice period, its drain, then its etcd calls (lease, stats)
+            budget = config.shutdown_delay_s + config.drain_timeout_s + 2 * config.etcd_timeout_s + 5
+            signal.alarm(int(budget))
         stopping.append(signum)
         for child in children:
             if child.proc is not None and child.proc.returncode is None:
@@ -110,18 +129,22 @@ def supervise(config: RouterConfig, argv: list[str]) -> int:
     try:
         for child in children:
             child.start()
-        if not _await_ready(children, stopping):
-            stop(signal.SIGTERM, None)
-            _reap(children, stopping, config)
-            return 1
+        ready = _await_ready(children, stopping)
+    except BaseException:  # whatever went wrong, no router is left running without its supervisor
+        log.exception("starting the router processes failed")
+        ready = False
     finally:
         for sock in held:  # every process has bound the ports (or is gone): nothing needs the hold
             sock.close()
+    if not ready:
+        stop(signal.SIGTERM, None)
+        _reap(children, stopping)
+        return 1
     first = children[0].ready
     ready = {
         "event": "ready", "router_id": config.router_id, "grpc": f"{config.grpc_host}:{grpc_port}",
         "metrics": first.get("metrics", ""),
-        "processes": [  # as started (a process started again keeps its id and metrics port)
+        "processes": [  # as started (one started again keeps its id, and its metrics port unless 0)
             {"router_id": c.router_id, "pid": c.ready.get("pid", 0), "metrics": c.ready.get("metrics", "")}
             for c in children
         ],
@@ -130,10 +153,10 @@ def supervise(config: RouterConfig, argv: list[str]) -> int:
         ready["rest"] = f"{config.rest_host}:{rest_port}"
     print(json.dumps(ready), flush=True)
     log.info("serving with %d router processes on gRPC port %d", n, grpc_port)
-    return _reap(children, stopping, config)
+    return _reap(children, stopping)
 
 
-def _reap(children: list[_Child], stopping: list[int], config: RouterConfig) -> int:
+def _reap(children: list[_Child], stopping: list[int]) -> int:
     """Wait for the processes (blocking on the kernel: a signal's handler runs meanwhile); start again
     one that exits while not stopping. Returns once none is left: 0, or 1 if one failed its stop."""
     by_pid = {c.proc.pid: c for c in children if c.proc is not None}
@@ -150,16 +173,20 @@ def _reap(children: list[_Child], stopping: list[int], config: RouterConfig) -> 
         if stopping:
             failed = failed or code not in (0, -signal.SIGTERM)
             continue
-        log.error("router process %s exited (%s); starting it again", child.router_id, code)
-        gap = child.started + _RESTART_GAP_S - time.monotonic()
-        if gap > 0:
-            time.sleep(gap)  # a process that dies at once is started at most once a second
+        quick = time.monotonic() - child.started < _QUICK_EXIT_S
+        child.quick_exits = child.quick_exits + 1 if quick else 0
+        gap = min(_RESTART_MAX_GAP_S, _RESTART_GAP_S * 2 ** max(0, child.quick_exits - 1))
+        log.error("router process %s exited (%s); starting it again in %.0f s", child.router_id, code, gap)
+        time.sleep(gap)  # a backoff, not a wait for anything: one that keeps dying is not spun
         if stopping:
             continue
         if child.proc.stdout is not None:
             child.proc.stdout.close()
         child.start(again=True)
         by_pid[child.proc.pid] = child
+        if stopping:  # the signal came while it started: it gets its SIGTERM too
+            with contextlib.suppress(ProcessLookupError):
+                child.proc.send_signal(signal.SIGTERM)
 
 
 def _await_ready(children: list[_Child], stopping: list[int]) -> bool:

@@ -153,8 +153,12 @@ class _Pending(Request):
 def _answer(req: _Pending, result: Tensors | BaseException) -> None:
     on_done, req.on_done = req.on_done, None
     req.inputs = None  # the heap may hold the request a while: not its tensors
-    if on_done is not None:  # a withdrawn request's answer goes nowhere
+    if on_done is None:  # a withdrawn request's answer goes nowhere
+        return
+    try:
         on_done(result)
+    except Exception:  # its own taker's fault: the rest of its batch is still answered
+        log.exception("request %s: its answer could not be taken", req.request_id)
 
 
 def _split(outputs: object, rows: list[int] | None, key: str) -> list[Tensors]:

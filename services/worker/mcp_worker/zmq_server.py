@@ -211,6 +211,8 @@ class TensorServer:
             self.admission.release(started.ticket)
         self._started.clear()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._idle.set()  # nothing is in flight any more: a wait_idle ends now
+        self._flush()  # replies already made still go
         if self._sock is not None:
             self._sock.close(linger=0)
         self._ctx.term()
@@ -262,7 +264,7 @@ class TensorServer:
         try:
             parts = wire.uncoalesce(envelope, frames, self._limits)
         except MCPError as error:  # nothing in it can be trusted: each request it names is refused
-            for header in envelope.batch[: self._limits.max_tensors]:
+            for header in envelope.batch:  # as many as max_header_bytes allows
                 self._refuse(identity, header, error, retryable=False, coalesced=True)
             return
         for header, tensors in parts:
@@ -294,12 +296,15 @@ class TensorServer:
         without a ``Starter``, runs as a task."""
         key = (bytes(identity.bytes), header.request_id)
         started = _Started(identity, header, ticket, coalesced)
+        self._started[key] = started  # before it starts: an answer may come at any time after
+        self._idle.clear()
         try:
             withdraw = None
             if self._start is not None:
                 msg = wire.Message(header, wire.tensors_of(header, frames, self._limits))
                 withdraw = self._start(msg, lambda result: self._finished(key, started, result))
         except MCPError as err:
+            self._forget(key, started)
             self.admission.release(ticket)
             retryable = err.not_started and err.retryable
             self._refuse(identity, header, err, retryable=retryable, coalesced=coalesced)
@@ -307,16 +312,21 @@ class TensorServer:
         except Exception:
             log.exception("request %s failed", header.request_id)
             self._on_error("zmq_request")
+            self._forget(key, started)
             self.admission.release(ticket)
             error = Internal("internal error; the worker log has the details")
             self._refuse(identity, header, error, retryable=False, coalesced=coalesced)
             return
-        if withdraw is None:
+        if withdraw is None:  # nothing queued: it runs as a task
+            self._forget(key, started)
             self._spawn(identity, header, frames, ticket)
-            return
-        started.withdraw = withdraw
-        self._started[key] = started
-        self._idle.clear()
+        elif self._started.get(key) is started:
+            started.withdraw = withdraw
+
+    def _forget(self, key: tuple[bytes, str], started: _Started) -> None:
+        if self._started.get(key) is started:
+            del self._started[key]
+        self._settle()
 
     def _finished(
         self, key: tuple[bytes, str], started: _Started, result: tuple[str, dict[str, np.ndarray]] | MCPError
@@ -377,6 +387,13 @@ class TensorServer:
 
     def _admit(self, identity: Any, header: tensor_pb2.TensorHeader, *, coalesced: bool) -> Ticket | None:
         """A ticket for the request, or None once it has been answered here and now."""
+        key = (bytes(identity.bytes), header.request_id)
+        if key in self._started or key in self._running:  # its answer could not say which one it is
+            error = InvalidArgument(
+                f"request id {header.request_id!r} is already in flight from this sender; use a new id"
+            )
+            self._refuse(identity, header, error, retryable=False, coalesced=coalesced)
+            return None
         if self.draining:
             error = not_started(Unavailable("worker is stopping (draining); send it to another worker"))
             self._refuse(identity, header, error, wire.FLAG_DRAINING, coalesced=coalesced)
