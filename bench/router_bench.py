@@ -9,6 +9,7 @@ same payloads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -18,7 +19,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -180,33 +183,45 @@ def _flip_latency(etcd: str, prefix: str, router: str, rounds: int = 20) -> list
     return samples
 
 
-def bench_e2e(repo: Path, seconds: float) -> dict[str, float]:
+@contextlib.contextmanager
+def bench_mesh(repo: Path, models: tuple[str, ...]) -> Iterator[tuple[Path, EtcdServer, str, list[Any]]]:
+    """etcd, one worker and the scheduler on a fresh prefix with ``models`` loaded: (tmp, etcd, prefix,
+    processes). A router the caller starts goes into ``processes``; all of them stop at the end, etcd
+    last, also when a start fails."""
     sys.path.insert(0, str(ROOT / "tests" / "integration"))
     _write_models(repo)
-    from harness import RouterProcess, SchedulerProcess, WorkerProcess  # noqa: PLC0415  (test tooling)
+    from harness import SchedulerProcess, WorkerProcess  # noqa: PLC0415  (test tooling)
 
-    figures: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         etcd = EtcdServer(tmp / "etcd")
         etcd.start()
         prefix = f"/bench{uuid.uuid4().hex[:6]}/mcp"
-        procs: list = []  # type: ignore[type-arg]
-        baseline = None
-        try:  # everything started is stopped, also when a later start fails
+        procs: list[Any] = []
+        try:
             procs.append(WorkerProcess(tmp, etcd.endpoint, repo, prefix=prefix).start())
             procs.append(SchedulerProcess(tmp, etcd.endpoint, prefix=prefix).start())
+            control = control_pb2_grpc.ModelControlStub(procs[1].channel())
+            for name in models:
+                spec = model_pb2.ModelSpec(model=name, versions=["1"], replicas=1)
+                control.LoadModel(control_pb2.LoadModelRequest(spec=spec), timeout=60)
+            yield tmp, etcd, prefix, procs
+        finally:
+            for proc in reversed(procs):
+                proc.stop()
+            etcd.stop()
+
+
+def bench_e2e(repo: Path, seconds: float) -> dict[str, float]:
+    figures: dict[str, float] = {}
+    with bench_mesh(repo, (MODEL, BULK_MODEL)) as (tmp, etcd, prefix, procs):
+        from harness import RouterProcess  # noqa: PLC0415  (test tooling, on the path bench_mesh set)
+
+        baseline = None
+        try:
             router = RouterProcess(tmp, etcd.endpoint, prefix=prefix, scheduler="").start()
             procs.append(router)
             baseline, base_target = _baseline()
-            control = control_pb2_grpc.ModelControlStub(procs[1].channel())
-            for name in (MODEL, BULK_MODEL):
-                control.LoadModel(
-                    control_pb2.LoadModelRequest(
-                        spec=model_pb2.ModelSpec(model=name, versions=["1"], replicas=1)
-                    ),
-                    timeout=60,
-                )
             time.sleep(0.5)  # let the router's snapshot take the new routing (not a measurement)
             idle_before = {p.name: _lag_buckets(p) for p in procs}
             time.sleep(seconds)  # the idle baseline of the loop-lag figure: this machine's timer noise
@@ -266,9 +281,6 @@ def bench_e2e(repo: Path, seconds: float) -> dict[str, float]:
         finally:
             if baseline is not None:
                 baseline.kill()
-            for proc in reversed(procs):
-                proc.stop()
-            etcd.stop()
     return figures
 
 
