@@ -219,8 +219,23 @@ def load_and_run(stub: worker_pb2_grpc.WorkerControlStub, model: str, version: s
     stub.Resume(worker_pb2.ResumeRequest(model=model, version=version), timeout=10)
 
 
+@contextmanager
+def serving_worker(
+    tmp: Path, etcd_endpoint: str, repo: Path, models: tuple[str, ...], **flags: Any
+) -> Iterator[WorkerProcess]:
+    """A worker process on a fresh prefix with ``models`` (version 1) loaded and RUNNING; stopped after."""
+    proc = WorkerProcess(tmp, etcd_endpoint, repo, prefix=f"/t{uuid.uuid4().hex[:8]}/mcp", **flags).start()
+    try:
+        control = proc.control()
+        for model in models:
+            load_and_run(control, model)
+        yield proc
+    finally:
+        proc.stop()
+
+
 class TensorClient:
-    """A DEALER with many requests in flight; replies are matched by request id."""
+    """A DEALER with many requests in flight; replies are matched by request id. A context manager."""
 
     def __init__(self, endpoint: str, *, curve_server_key: bytes | None = None) -> None:
         self.ctx = zmq.Context()
@@ -258,6 +273,12 @@ class TensorClient:
     def close(self) -> None:
         self.sock.close(linger=0)
         self.ctx.term()
+
+    def __enter__(self) -> TensorClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def etcd_get(endpoint: str, key: str) -> dict | None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import zmq
-from harness import TensorClient, WorkerProcess, etcd_get, load_and_run, make_demo_repository, mlp_reference
+from harness import TensorClient, WorkerProcess, etcd_get, make_demo_repository, mlp_reference, serving_worker
 from harness import metric as metric_in
 
 from mcpapi.v2 import tensor_pb2
@@ -33,22 +33,15 @@ def repo(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory, etcd_endpoint, repo):
-    proc = WorkerProcess(
-        tmp_path_factory.mktemp("worker"), etcd_endpoint, repo, prefix=f"/t{uuid.uuid4().hex[:8]}/mcp",
-        exec_slots=1,
-    ).start()  # fmt: skip
-    control = proc.control()
-    for model in ("demo-mlp", "demo-slow", "demo-stream"):
-        load_and_run(control, model)
-    yield proc
-    proc.stop()
+    models = ("demo-mlp", "demo-slow", "demo-stream")
+    with serving_worker(tmp_path_factory.mktemp("worker"), etcd_endpoint, repo, models, exec_slots=1) as proc:
+        yield proc
 
 
 @pytest.fixture
 def client(worker):
-    c = TensorClient(worker.endpoints["zmq"])
-    yield c
-    c.close()
+    with TensorClient(worker.endpoints["zmq"]) as c:
+        yield c
 
 
 @dataclass
@@ -210,13 +203,11 @@ def test_single_requests_that_take_coalesced_replies_get_them(worker, client, re
 @pytest.fixture(scope="module")
 def small(tmp_path_factory, etcd_endpoint, repo):
     """A worker with room for 4 requests: a ticket it never gets back shows at once."""
-    proc = WorkerProcess(
-        tmp_path_factory.mktemp("small"), etcd_endpoint, repo, prefix=f"/t{uuid.uuid4().hex[:8]}/mcp",
-        exec_slots=1, max_in_flight_requests=4,
-    ).start()  # fmt: skip
-    load_and_run(proc.control(), "demo-mlp")
-    yield proc
-    proc.stop()
+    tmp = tmp_path_factory.mktemp("small")
+    with serving_worker(
+        tmp, etcd_endpoint, repo, ("demo-mlp",), exec_slots=1, max_in_flight_requests=4
+    ) as proc:
+        yield proc
 
 
 def test_a_request_id_already_in_flight_is_refused_and_costs_no_ticket(small):

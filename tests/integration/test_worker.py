@@ -100,9 +100,8 @@ def control(worker):
 
 @pytest.fixture
 def client(worker):
-    c = TensorClient(worker.endpoints["zmq"])
-    yield c
-    c.close()
+    with TensorClient(worker.endpoints["zmq"]) as c:
+        yield c
 
 
 def replica(endpoint: str, prefix: str, model: str, worker_id: str, version: str = "1") -> dict | None:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import safetensors.numpy
 import yaml
-from harness import TensorClient, WorkerProcess, load_and_run, make_demo_repository
+from harness import TensorClient, WorkerProcess, make_demo_repository, serving_worker
 from harness import metric as metric_in
 
 from mcpapi.v2 import tensor_pb2
@@ -60,22 +60,18 @@ def repo(tmp_path_factory):
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory, etcd_endpoint, repo):
     tmp = tmp_path_factory.mktemp("worker")
-    proc = WorkerProcess(
-        tmp, etcd_endpoint, repo, prefix=f"/t{uuid.uuid4().hex[:8]}/mcp", exec_slots=1,
-        max_in_flight_requests=8, max_tensor_bytes=64 << 10, execution_log=tmp / "executions",
-    ).start()  # fmt: skip
-    control = proc.control()
-    for model in ("demo-slow", "demo-mlp", "short-queue", "wide", "demo-stream"):
-        load_and_run(control, model)
-    yield proc
-    proc.stop()
+    models = ("demo-slow", "demo-mlp", "short-queue", "wide", "demo-stream")
+    with serving_worker(
+        tmp, etcd_endpoint, repo, models, exec_slots=1, max_in_flight_requests=8, max_tensor_bytes=64 << 10,
+        execution_log=tmp / "executions",
+    ) as proc:  # fmt: skip
+        yield proc
 
 
 @pytest.fixture
 def client(worker):
-    c = TensorClient(worker.endpoints["zmq"])
-    yield c
-    c.close()
+    with TensorClient(worker.endpoints["zmq"]) as c:
+        yield c
 
 
 def metric(worker: WorkerProcess, name: str, **labels: str) -> float:
