@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TOOLS := .tools
 PERF_ANALYZER := $(TOOLS)/perf/.installed
 
-.PHONY: help setup proto proto-check native lint test up down status bench models chaos gpu-check compose-config clean
+.PHONY: help setup constraints proto proto-check native lint test up down status bench models chaos gpu-check compose-config clean
 
 help:
 	@echo "make setup | proto | proto-check | native | lint | test | up | down | bench | models | chaos | gpu-check | compose-config"
@@ -20,18 +20,30 @@ setup: $(STAMP) $(PERF_ANALYZER)
 	@command -v promtool >/dev/null || tools/install-system-deps.sh promtool
 	@command -v docker-compose >/dev/null || tools/install-system-deps.sh docker-compose
 
-$(STAMP): pyproject.toml
+# Output: one line per step; pip's own output goes to $(SETUP_LOG) (a failure prints its tail).
+SETUP_LOG := $(VENV)/setup.log
+$(STAMP): pyproject.toml constraints.txt
 	@command -v etcd >/dev/null || tools/install-system-deps.sh
-	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
-	touch $(STAMP)
+	@test -x $(PY) || { echo "setup: creating $(VENV)"; python3 -m venv $(VENV); }
+	@echo "setup: installing mcpmesh and its dev tools into $(VENV) (pinned by constraints.txt; log: $(SETUP_LOG))"
+	@{ $(PY) -m pip install --upgrade pip && $(PY) -m pip install -c constraints.txt -e '.[dev]'; } \
+	  >$(SETUP_LOG) 2>&1 || { tail -20 $(SETUP_LOG); echo "setup failed; see $(SETUP_LOG)"; exit 1; }
+	@touch $(STAMP)
+	@echo "setup: done"
+
+# Refresh constraints.txt from the venv after a dependency change in pyproject.toml.
+constraints: $(STAMP)
+	@{ sed -n '1,2p' constraints.txt; $(PY) -m pip freeze --exclude-editable | grep -v '^mcpmesh'; \
+	  grep '^pycuda==' constraints.txt; } >constraints.txt.new && mv constraints.txt.new constraints.txt
+	@echo "constraints.txt: $$(grep -c '==' constraints.txt) pins"
 
 $(PERF_ANALYZER): tools/perf-analyzer-requirements.txt
 	@ldconfig -p | grep -q 'libb64\.so\.0d' || tools/install-system-deps.sh libb64
-	test -x $(TOOLS)/perf/bin/python || python3 -m venv $(TOOLS)/perf
-	$(TOOLS)/perf/bin/python -m pip install -q --no-deps -r tools/perf-analyzer-requirements.txt
-	touch $(PERF_ANALYZER)
+	@test -x $(TOOLS)/perf/bin/python || python3 -m venv $(TOOLS)/perf
+	@echo "setup: installing Triton's perf_analyzer into $(TOOLS)/perf (log: $(TOOLS)/perf/setup.log)"
+	@$(TOOLS)/perf/bin/python -m pip install --no-deps -r tools/perf-analyzer-requirements.txt \
+	  >$(TOOLS)/perf/setup.log 2>&1 || { tail -20 $(TOOLS)/perf/setup.log; exit 1; }
+	@touch $(PERF_ANALYZER)
 
 # Regenerate Python code and .pyi stubs from protos/ into libs/contracts/ (committed; CI checks it is current).
 proto: $(STAMP)
