@@ -15,11 +15,11 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from mcp_router.forwarder import Forwarder, MayHaveStarted, NotSent
 from mcp_router.snapshot import WorkerEndpoint
 from mcpapi.v2 import tensor_pb2
 from mcpcore import wire
 from mcpcore.errors import DeadlineExceeded, Internal
+from mcpcore.forwarder import Forwarder, MayHaveStarted, NotSent
 
 X = np.arange(8, dtype=np.float32).reshape(2, 4)
 

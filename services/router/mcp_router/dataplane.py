@@ -118,6 +118,10 @@ class RouteDecision:
     data_endpoint: str  # the worker's ZeroMQ endpoint
     breaker_level: int
     header_flags: int  # TensorHeader flags the request must carry (e.g. secondary features off)
+    curve_public_key: str = ""  # the worker's CURVE key, for a direct client's link
+    features_off: tuple[str, ...] = ()  # with FLAG_SECONDARY_FEATURES_OFF: which features
+    zmq_features: tuple[str, ...] = ()  # what the worker's tensor socket takes (e.g. "batch")
+    incarnation: str = ""
 
 
 @dataclass(frozen=True)

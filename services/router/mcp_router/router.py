@@ -46,7 +46,6 @@ from mcp_router.dataplane import (
     RouteDecision,
     SequenceFlags,
 )
-from mcp_router.forwarder import Forwarder, MayHaveStarted, NotSent
 from mcp_router.sequences import Pin, Sequences
 from mcp_router.snapshot import ModelRoute, Snapshots
 from mcp_router.split import SmoothWeightedRoundRobin, choose_version
@@ -64,6 +63,7 @@ from mcpcore.errors import (
     error_for_code,
     not_started,
 )
+from mcpcore.forwarder import Forwarder, MayHaveStarted, NotSent
 
 __all__ = ["RetryBudget", "Router"]
 
@@ -352,8 +352,13 @@ class Router(DataPlane):
         route = self._model(model)
         chosen, level, flags = self._version(route, version, routing_key, time.time())
         worker = self._pick(route, chosen, routing_key or self._fwd.new_id(), set())
-        endpoint = self._snap.table.workers[worker]
-        return RouteDecision(model, chosen, worker, endpoint.zmq, level, flags)
+        table = self._snap.table
+        endpoint = table.workers[worker]
+        return RouteDecision(
+            model, chosen, worker, endpoint.zmq, level, flags, endpoint.curve_public_key,
+            tuple(table.features_off) if flags & FLAG_SECONDARY_OFF else (),
+            tuple(sorted(endpoint.zmq_features)), endpoint.incarnation,
+        )  # fmt: skip
 
     # -- inference -------------------------------------------------------------------------------------
     async def infer(

@@ -20,7 +20,6 @@ import grpc.aio
 from prometheus_client import CollectorRegistry
 
 from mcp_router.config import RouterConfig
-from mcp_router.forwarder import Forwarder
 from mcp_router.kserve import KServeServicer
 from mcp_router.rest import RestFrontEnd
 from mcp_router.router import RetryBudget, Router
@@ -36,6 +35,7 @@ from mcpapi.v2 import inference_pb2_grpc as v2_grpc
 from mcpcore import wire
 from mcpcore.errors import from_rpc_error
 from mcpcore.etcd_store import EtcdStore
+from mcpcore.forwarder import Forwarder
 from mcpcore.keys import Keyspace
 from mcpcore.looplag import LoopLagMonitor
 from mcpcore.metrics import start_metrics_server

@@ -53,6 +53,10 @@ class InferenceV2(v2_grpc.InferenceServicer):
             version=d.version,
             breaker_level=d.breaker_level,
             header_flags=d.header_flags,
+            curve_public_key=d.curve_public_key,
+            features_off=d.features_off,
+            zmq_features=d.zmq_features,
+            incarnation=d.incarnation,
         )
 
     async def Infer(self, request, context):  # type: ignore[no-untyped-def]

@@ -20,18 +20,26 @@ class RouteRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., routing_key: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class RouteResponse(_message.Message):
-    __slots__ = ("worker_id", "data_endpoint", "version", "breaker_level", "header_flags")
+    __slots__ = ("worker_id", "data_endpoint", "version", "breaker_level", "header_flags", "curve_public_key", "features_off", "zmq_features", "incarnation")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     DATA_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BREAKER_LEVEL_FIELD_NUMBER: _ClassVar[int]
     HEADER_FLAGS_FIELD_NUMBER: _ClassVar[int]
+    CURVE_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_OFF_FIELD_NUMBER: _ClassVar[int]
+    ZMQ_FEATURES_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     data_endpoint: str
     version: str
     breaker_level: int
     header_flags: int
-    def __init__(self, worker_id: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., version: _Optional[str] = ..., breaker_level: _Optional[int] = ..., header_flags: _Optional[int] = ...) -> None: ...
+    curve_public_key: str
+    features_off: _containers.RepeatedScalarFieldContainer[str]
+    zmq_features: _containers.RepeatedScalarFieldContainer[str]
+    incarnation: str
+    def __init__(self, worker_id: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., version: _Optional[str] = ..., breaker_level: _Optional[int] = ..., header_flags: _Optional[int] = ..., curve_public_key: _Optional[str] = ..., features_off: _Optional[_Iterable[str]] = ..., zmq_features: _Optional[_Iterable[str]] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class Tensor(_message.Message):
     __slots__ = ("name", "shape", "data", "dtype")

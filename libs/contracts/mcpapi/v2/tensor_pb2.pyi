@@ -33,6 +33,7 @@ class HeaderFlag(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FLAG_DRAINING: _ClassVar[HeaderFlag]
     FLAG_PARTIAL: _ClassVar[HeaderFlag]
     FLAG_TAKES_COALESCED: _ClassVar[HeaderFlag]
+    FLAG_DIRECT: _ClassVar[HeaderFlag]
 
 class MessageKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -62,6 +63,7 @@ FLAG_RETRYABLE: HeaderFlag
 FLAG_DRAINING: HeaderFlag
 FLAG_PARTIAL: HeaderFlag
 FLAG_TAKES_COALESCED: HeaderFlag
+FLAG_DIRECT: HeaderFlag
 KIND_UNSPECIFIED: MessageKind
 KIND_REQUEST: MessageKind
 KIND_REPLY: MessageKind

@@ -1,4 +1,8 @@
-"""ZeroMQ forwarding: one DEALER per worker, many requests in flight, replies matched by the router's own id.
+"""ZeroMQ forwarding: one DEALER per worker, many requests in flight, replies matched by the sender's own id.
+
+The one tensor link of the mesh: the router forwards through it, and the SDK's direct path
+(``mcpclient.AsyncMeshClient(direct=True)``) sends through it to the worker a Route answer names, so both
+keep the same ids, limits, delivery types and coalescing. "Router" below means whichever process sends.
 
 Invariants:
 - The id on the wire is this router's own (``new_id()``: a per-process random prefix and a counter), never
@@ -47,25 +51,39 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from mcp_router.snapshot import WorkerEndpoint
 from mcpapi.v2 import tensor_pb2
 from mcpcore import wire
 from mcpcore.errors import DataLoss, DeadlineExceeded, Internal, InvalidArgument, MCPError, Unavailable
 
-__all__ = ["Forwarder", "MayHaveStarted", "NotSent"]
+__all__ = ["Forwarder", "LinkTarget", "MayHaveStarted", "NotSent"]
 
 _monitors = itertools.count(1)
 
 log = logging.getLogger(__name__)
 _SWEEP_S = 5.0
 _TAKE_PER_TURN = 8  # replies taken per readable callback before the loop runs the rest
+
+
+class LinkTarget(Protocol):
+    """What a link needs to know of a worker (the router's ``LinkTarget``, the SDK's route)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def zmq(self) -> str: ...
+    @property
+    def curve_public_key(self) -> str: ...
+    @property
+    def zmq_features(self) -> frozenset[str]: ...
+    @property
+    def draining(self) -> bool: ...
 
 
 class NotSent(Unavailable):
@@ -97,7 +115,7 @@ class RingLoad:
 
 
 class _Link:
-    def __init__(self, endpoint: WorkerEndpoint, fwd: Forwarder) -> None:
+    def __init__(self, endpoint: LinkTarget, fwd: Forwarder) -> None:
         self.endpoint = endpoint
         self.sock: zmq.Socket[Any] = fwd._ctx.socket(zmq.DEALER)
         try:
@@ -113,7 +131,7 @@ class _Link:
         self.outbox: dict[str, list[Any]] = {}  # request id -> its frames, until this iteration's flush
         self.flush_scheduled = False
 
-    def _configure(self, endpoint: WorkerEndpoint, fwd: Forwarder) -> zmq.asyncio.Socket:
+    def _configure(self, endpoint: LinkTarget, fwd: Forwarder) -> zmq.asyncio.Socket:
         limits = fwd.limits
         for option, value in (
             (zmq.LINGER, 0),
@@ -179,7 +197,7 @@ class Forwarder:
         return f"{self._prefix}-{next(self._ids):x}"
 
     # -- membership ------------------------------------------------------------------------------------
-    def sync(self, workers: Mapping[str, WorkerEndpoint]) -> None:
+    def sync(self, workers: Mapping[str, LinkTarget]) -> None:
         """Open links to new workers, close links to workers gone or moved (called on every table swap)."""
         for worker_id, link in list(self._links.items()):
             new = workers.get(worker_id)
