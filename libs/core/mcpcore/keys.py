@@ -17,7 +17,10 @@ never alias another model's keys.
     /mcp/replicas/<m>/<v>/<worker>         replica state
     /mcp/breakers/<m>                      breaker level (operator-writable JSON)
     /mcp/config/breaker                    breaker policy (operator-writable JSON)
-    /mcp/stats/<router>/<m>                windowed request/error counts (under the router's lease)
+    /mcp/stats/<source>/<m>                windowed request/error counts: a router's (source = its id), or a
+                                           worker's for direct (SDK) traffic (source = direct.<worker id>);
+                                           under the writer's lease
+    /mcp/routers/<id>                      a router's addresses (grpc, rest, metrics; under its lease)
     /mcp/leader/<service>                  leader election
 """
 
@@ -37,6 +40,7 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 VERSION_RE = re.compile(r"[1-9][0-9]{0,8}")
 LEADER_ROLES = frozenset({"scheduler", "health"})
 MODEL_KEYS = ("spec", "traffic", "routing", "status")
+DIRECT_SOURCE = "direct."  # a stats source that is a worker counting direct traffic, not a router
 
 
 def check_name(value: str, what: str = "name") -> str:
@@ -193,6 +197,16 @@ class Keyspace:
 
     def stats(self, router: str, model: str) -> str:
         return f"{self.stats_prefix(router)}{check_name(model, 'model name')}"
+
+    def direct_stats(self, worker: str, model: str) -> str:
+        """A worker's counts of the requests clients sent it directly (``FLAG_DIRECT``)."""
+        return self.stats(f"{DIRECT_SOURCE}{check_name(worker, 'worker id')}", model)
+
+    def routers_prefix(self) -> str:
+        return f"{self.prefix}/routers/"
+
+    def router(self, router: str) -> str:
+        return f"{self.routers_prefix()}{check_name(router, 'router id')}"
 
     def parse_stats_key(self, key: str) -> tuple[str, str] | None:
         rest = self._strip(key, self.stats_prefix())

@@ -26,7 +26,7 @@ from mcp_router.router import RetryBudget, Router
 from mcp_router.servicer_v2 import InferenceV1, InferenceV2
 from mcp_router.shm import SharedMemory
 from mcp_router.snapshot import RoutingTable, Snapshots
-from mcp_router.stats import RequestStats, RouterMetrics, StatsPublisher
+from mcp_router.stats import RequestStats, RouterMetrics, stats_publisher
 from mcp_router.trace import Tracer
 from mcpapi.kserve import grpc_service_pb2_grpc as kserve_grpc
 from mcpapi.v1 import inference_pb2_grpc as v1_grpc
@@ -78,11 +78,13 @@ class RouterServer:
             on_swap=self._swapped,
         )
         self.stats = RequestStats(self.metrics, window_s=config.stats_window_s)
-        self.publisher = StatsPublisher(
+        self.endpoints: dict[str, str] = {}
+        self.publisher = stats_publisher(
             self.store,
             self.keys,
             config.router_id,
             self.stats,
+            lambda: self.endpoints,
             ttl=config.stats_lease_ttl_s,
             interval_s=config.stats_interval_s,
             on_error=self.metrics.count_loop_error,
@@ -123,7 +125,6 @@ class RouterServer:
             drain_timeout_s=config.drain_timeout_s,
         )
         self._metrics_server: Any = None
-        self.endpoints: dict[str, str] = {}
         self._lag = LoopLagMonitor(self.metrics.loop_lag.observe)
 
     async def start(self) -> dict[str, str]:
