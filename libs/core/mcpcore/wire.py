@@ -34,6 +34,7 @@ from mcpcore.signature import tensor_name_problem
 
 __all__ = [
     "FEATURE_BATCH",
+    "FLAG_DIRECT",
     "FLAG_DRAINING",
     "FLAG_PARTIAL",
     "FLAG_RETRYABLE",
@@ -62,6 +63,7 @@ FLAG_RETRYABLE = tensor_pb2.FLAG_RETRYABLE
 FLAG_DRAINING = tensor_pb2.FLAG_DRAINING
 FLAG_PARTIAL = tensor_pb2.FLAG_PARTIAL
 FLAG_TAKES_COALESCED = tensor_pb2.FLAG_TAKES_COALESCED
+FLAG_DIRECT = tensor_pb2.FLAG_DIRECT
 KIND_BATCH = tensor_pb2.KIND_BATCH
 #: The worker record's ``zmq_features`` entry saying it takes (and answers) coalesced messages.
 FEATURE_BATCH = "batch"

@@ -67,6 +67,10 @@ class WorkerConfig:
     max_message_bytes: int = 64 << 20
     #: Labels for placement, e.g. ``gpu=h200,zone=a``.
     labels: tuple[str, ...] = ()
+    #: Direct traffic (the SDK's, ``FLAG_DIRECT``): its windowed counts for the breakers, written to
+    #: ``/mcp/stats/direct.<worker>/<m>`` every ``direct_stats_interval_s`` (as a router writes its own).
+    direct_stats_window_s: float = 30.0
+    direct_stats_interval_s: float = 1.0
     #: Where EmergencyStop writes its checkpoint file.
     checkpoint_dir: str = ".run/checkpoints"
     #: Pin this process to the CPUs of its GPU's NUMA node (read from sysfs) at start-up.

@@ -56,6 +56,7 @@ from mcpcore.lifecycle import ReplicaLifecycle, ReplicaState
 from mcpcore.looplag import LoopLagMonitor
 from mcpcore.metrics import RequestMetrics, start_metrics_server
 from mcpcore.serving import GrpcService
+from mcpcore.windows import WindowPublisher, Windows
 
 __all__ = ["Worker", "WorkerMetrics"]
 
@@ -116,6 +117,14 @@ class Worker:
         self.metrics = WorkerMetrics(CollectorRegistry())
         self.keys = Keyspace(config.etcd_prefix)
         self.store = EtcdStore(config.etcd_endpoints, timeout=config.etcd_timeout_s)
+        # Requests clients sent here directly: counted for the breakers, as routers count theirs.
+        self.direct = Windows(window_s=config.direct_stats_window_s)
+        self._direct_publisher = WindowPublisher(
+            self.store, self.direct, key_of=lambda model: self.keys.direct_stats(config.worker_id, model),
+            source={"worker": config.worker_id}, ttl=config.lease_ttl(),
+            interval_s=config.direct_stats_interval_s, name="direct_stats",
+            on_error=self.metrics.count_loop_error,
+        )  # fmt: skip
         self.incarnation = uuid.uuid4().hex[:16]
         self._executor = ThreadPoolExecutor(config.exec_slots, thread_name_prefix="mcp-exec")
         self.buffers = BatchBuffers(blocks_per_class=2 * config.exec_slots)
@@ -255,6 +264,7 @@ class Worker:
         except MCPError as exc:
             log.warning("etcd is not reachable yet (%s); serving, and registering when it is", exc)
         self.registration.start()
+        self._direct_publisher.start()
         self.breakers.start()  # list-then-watch in the background: serving never waits for etcd
         await self.grpc.set_serving()
         return self.endpoints
@@ -264,6 +274,7 @@ class Worker:
         await self.grpc.stop()
         if self.registration is not None:
             await self.registration.stop()  # revokes the lease: the record goes, routers drop the link
+        await self._direct_publisher.stop()
         await self.breakers.stop()
         await self.tensors.stop()
         await self.manager.close()
@@ -294,9 +305,7 @@ class Worker:
         except MCPError as err:
             self._observe_error(h, err, started)
             raise
-        self.metrics.observe_request(
-            replica.rid.model, replica.rid.version, "zmq", "OK", seconds=time.perf_counter() - started
-        )
+        self._observe_ok(h, replica, started)
         return replica.rid.version, outputs
 
     def _start(self, msg: wire.Message, done: Done) -> Callable[[], None] | None:
@@ -311,11 +320,8 @@ class Worker:
                 self._observe_error(h, result, started)
                 done(result)
                 return
-            rid = replica.rid
-            self.metrics.observe_request(
-                rid.model, rid.version, "zmq", "OK", seconds=time.perf_counter() - started
-            )
-            done((rid.version, result))
+            self._observe_ok(h, replica, started)
+            done((replica.rid.version, result))
 
         try:
             return self.manager.start(
@@ -333,12 +339,24 @@ class Worker:
             self._coalesced_messages.inc()
             self.metrics.coalesced_requests.inc(coalesced)
 
+    def _observe_ok(self, h: tensor_pb2.TensorHeader, replica: Replica, started: float) -> None:
+        rid = replica.rid
+        self.metrics.observe_request(
+            rid.model, rid.version, "zmq", "OK", seconds=time.perf_counter() - started
+        )
+        if h.flags & wire.FLAG_DIRECT:
+            self.direct.record(rid.model, None)
+
     def _observe_error(self, h: tensor_pb2.TensorHeader, err: MCPError, started: float) -> None:
         model, version = self.manager.labels(h.model, h.version)  # no labels from untrusted names
+        kind = error_class(err)
         self.metrics.observe_request(
-            model, version, "zmq", err.code.name, seconds=time.perf_counter() - started,
-            error_class=error_class(err),
+            model, version, "zmq", err.code.name, seconds=time.perf_counter() - started, error_class=kind,
         )  # fmt: skip
+        # Windows only for models held here; a refusal before the start is no outcome: the client
+        # sends it through a router, which counts how it ends.
+        if h.flags & wire.FLAG_DIRECT and model != "_unknown" and not err.not_started:
+            self.direct.record(model, kind)
 
     def _state_changed(self, rid: ReplicaId, state: ReplicaState | None) -> None:
         for s in ReplicaState:
