@@ -184,10 +184,15 @@ def error_for_code(code: grpc.StatusCode | int | str, message: str) -> MCPError:
 
 
 def from_rpc_error(err: grpc.RpcError) -> MCPError:
-    """The client table: a failed call's status back to its exception."""
+    """The client table: a failed call's status back to its exception, marked ``not_started`` when the
+    server said so (``NOT_STARTED_METADATA``)."""
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
     details = err.details() if hasattr(err, "details") else str(err)
-    return error_for_code(code, details or code.name)
+    error = error_for_code(code, details or code.name)
+    trailing = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
+    if trailing and any(tuple(item) == NOT_STARTED_METADATA for item in trailing):
+        not_started(error)
+    return error
 
 
 # --- server side -------------------------------------------------------------------------------------

@@ -127,6 +127,7 @@ class _Link:
         self.tasks: list[asyncio.Task[None]] = []
         self.down = True  # until the handshake succeeds; again from a disconnect to the next handshake
         self.draining = False  # the worker answered "draining": send it nothing more
+        self.up = asyncio.Event()  # set from a handshake to the next disconnect (``wait_connected``)
         self.look_scheduled = False
         self.outbox: dict[str, list[Any]] = {}  # request id -> its frames, until this iteration's flush
         self.flush_scheduled = False
@@ -229,6 +230,18 @@ class Forwarder:
         """Connected (handshake done, heartbeats answered)."""
         link = self._links.get(worker_id)
         return link is not None and not link.down
+
+    async def wait_connected(self, worker_id: str, timeout_s: float) -> bool:
+        """Whether the link to ``worker_id`` is up, waiting at most ``timeout_s`` for its handshake (a
+        link just opened by ``sync`` is down until then)."""
+        link = self._links.get(worker_id)
+        if link is None:
+            return False
+        if link.down:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await link.up.wait()
+        return not link.down
 
     def usable(self, worker_id: str) -> bool:
         """Connected and not draining: a new request may go there."""
@@ -532,12 +545,14 @@ class Forwarder:
                 return  # the monitor closed with its link
             if event["event"] == zmq.EVENT_DISCONNECTED:
                 was_up, link.down = not link.down, True
+                link.up.clear()
                 self._fail_all(worker_id, link, "disconnected")
                 if was_up:
                     log.warning("worker %s disconnected", worker_id)
                 self._on_link_down(worker_id)
             elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 link.down, link.draining = False, False
+                link.up.set()
 
     async def _sweep(self) -> None:
         """Forget abandoned requests a worker never answered (it lost them), so loads cannot creep up."""

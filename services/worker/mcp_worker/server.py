@@ -121,7 +121,7 @@ class Worker:
         self.direct = Windows(window_s=config.direct_stats_window_s)
         self._direct_publisher = WindowPublisher(
             self.store, self.direct, key_of=lambda model: self.keys.direct_stats(config.worker_id, model),
-            source={"worker": config.worker_id}, ttl=config.lease_ttl(),
+            source={"worker": config.worker_id}, ttl=config.lease_ttl,
             interval_s=config.direct_stats_interval_s, name="direct_stats",
             on_error=self.metrics.count_loop_error,
         )  # fmt: skip

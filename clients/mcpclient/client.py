@@ -1,0 +1,547 @@
+"""The Python SDK: ``AsyncMeshClient`` (asyncio) and ``MeshClient`` (blocking, the same client on a private
+event loop in a background thread, safe to share between threads).
+
+    with MeshClient("127.0.0.1:8001") as mesh:
+        out = mesh.infer("demo-mlp", {"INPUT0": x})              # through the router
+        out = mesh.infer("demo-mlp", {"INPUT0": x}, direct=True)  # tensors straight to the worker
+
+Invariants:
+- Through the router: the mesh's v2 ``Infer``. Several routers: the client takes a list and uses the one
+  that last answered; it moves to the next only when a request provably did not start there (the router
+  said so, ``mcp-not-started``, or no connection to it could be made); any other failure is the answer.
+- ``direct=True``: ``Route`` once per (model, version, key), cached at most ``route_ttl_s`` (1 s), so
+  traffic splits, breaker levels and moved replicas reach direct traffic within a second; the cache is
+  dropped for a model whenever the worker says it does not hold it, is draining, or its link fails. The
+  tensors go to the worker over ZeroMQ through ``mcpcore.forwarder`` — the router's own link: this
+  client's correlation ids, the deadline as ``timeout_us``, priority, the route's header flags and
+  features, CURVE with the worker's published key, coalescing where the worker takes it, no copies — plus
+  ``FLAG_DIRECT``, so the worker counts the outcome for the breakers. The SDK never reads etcd.
+- Direct delivery, as the router's (DESIGN.md 7): a request that provably did not start at the worker
+  (never sent, the link not up, answered "not started", "draining" or "not held here") goes through the
+  router instead (counted in ``stats.fallbacks``); one whose link failed while it was out may have run and
+  fails ``Unavailable`` ("may have started"), never sent twice.
+- Every failure is an ``MCPError`` (``mcpcore.errors``: ``NotFound``, ``InvalidArgument``,
+  ``ResourceExhausted``, ``Unavailable``, ``DeadlineExceeded``, ...), with the server's message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+import numpy as np
+
+from mcpapi.v2 import (
+    control_pb2,
+    control_pb2_grpc,
+    inference_pb2,
+    inference_pb2_grpc,
+    model_pb2,
+    tensor_pb2,
+)
+from mcpcore import dtypes, wire
+from mcpcore.errors import (
+    DeadlineExceeded,
+    InvalidArgument,
+    Unavailable,
+    from_rpc_error,
+    not_started,
+)
+from mcpcore.forwarder import Forwarder, MayHaveStarted, NotSent
+
+__all__ = ["AsyncMeshClient", "ClientStats", "MeshClient", "ModelInfo", "ReplicaInfo", "Route"]
+
+T = TypeVar("T")
+DEFAULT_ROUTER = "127.0.0.1:8001"
+DEFAULT_SCHEDULER = "127.0.0.1:50051"
+_MAX_MESSAGE = 256 << 20  # gRPC message limit both ways (bulk tensors through the router)
+_CONNECT_WAIT_S = 1.0  # the most a direct request waits for a new link's handshake before the router
+_ROUTES_KEPT = 1024  # cached routes (one per model, version and routing key), least recent dropped
+_NOT_FOUND = grpc.StatusCode.NOT_FOUND.value[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a request would go (the router's ``Route`` answer); also the link target of the direct path."""
+
+    model: str
+    version: str
+    worker_id: str
+    endpoint: str  # the worker's ZeroMQ endpoint
+    breaker_level: int
+    header_flags: int
+    curve_public_key: str = ""
+    features_off: tuple[str, ...] = ()
+    zmq_features: frozenset[str] = frozenset()
+    incarnation: str = ""
+
+    # mcpcore.forwarder.LinkTarget
+    @property
+    def id(self) -> str:
+        return self.worker_id
+
+    @property
+    def zmq(self) -> str:
+        return self.endpoint
+
+    @property
+    def draining(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaInfo:
+    version: str
+    worker_id: str
+    state: str  # LOADING, RUNNING, PAUSED, UNLOADING, ERROR ...
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    model: str
+    versions: tuple[str, ...]
+    replicas: tuple[ReplicaInfo, ...]
+    breaker_level: int
+    stable: str = ""
+    canary: str = ""
+    canary_percent: int = 0
+    pending: str = ""  # what the scheduler is still doing for it, if anything
+
+    def running(self, version: str | None = None) -> int:
+        return sum(1 for r in self.replicas if r.state == "RUNNING" and version in (None, r.version))
+
+
+@dataclass(slots=True)
+class ClientStats:
+    """What this client did (tests, benchmarks, and a user who wants to know where requests went)."""
+
+    routed: int = 0  # answered through a router
+    direct: int = 0  # answered by a worker directly
+    fallbacks: int = 0  # direct requests that provably did not start at the worker, sent through a router
+    route_calls: int = 0  # Route RPCs made (the cache's misses)
+    failovers: int = 0  # calls moved to another router
+
+
+@dataclass(slots=True)
+class _Cached:
+    route: Route
+    expires: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One infer call's arguments, as every path needs them."""
+
+    model: str
+    arrays: Mapping[str, np.ndarray]
+    version: str
+    key: str
+    priority: int
+    deadline: float  # time.monotonic()
+    outputs: tuple[str, ...]
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def select(self, result: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        missing = [n for n in self.outputs if n not in result]
+        if missing:
+            raise InvalidArgument(f"model {self.model} has no output(s) {missing}; it has {sorted(result)}")
+        return {n: result[n] for n in self.outputs} if self.outputs else result
+
+
+@dataclass(slots=True)
+class _Router:
+    address: str
+    channel: grpc.aio.Channel
+    inference: inference_pb2_grpc.InferenceStub = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.inference = inference_pb2_grpc.InferenceStub(self.channel)
+
+
+def _never_reached(err: grpc.RpcError) -> bool:
+    """No connection to the server could be made, so the call never left this process."""
+    details = (err.details() or "").lower() if hasattr(err, "details") else ""
+    return err.code() == grpc.StatusCode.UNAVAILABLE and (
+        "failed to connect" in details or "connection refused" in details or "dns resolution" in details
+    )
+
+
+def _tensor(name: str, array: Any) -> inference_pb2.Tensor:
+    arr = np.asarray(array)
+    dtype = dtypes.from_numpy(arr.dtype)
+    return inference_pb2.Tensor(
+        name=name, dtype=dtypes.wire_value(dtype), shape=arr.shape, data=bytes(dtypes.to_bytes(arr))
+    )
+
+
+def _array(t: inference_pb2.Tensor) -> np.ndarray:
+    return dtypes.from_bytes(dtypes.name_of(t.dtype), t.data, tuple(t.shape), f"output {t.name}")
+
+
+def _model_info(m: model_pb2.ModelStatus) -> ModelInfo:
+    replicas = tuple(
+        ReplicaInfo(r.version, r.worker_id, model_pb2.ModelState.Name(r.state), r.reason) for r in m.replicas
+    )
+    versions = tuple(dict.fromkeys([*m.spec.versions, *(r.version for r in replicas)]))
+    return ModelInfo(
+        m.model, versions, replicas, m.breaker.level, m.traffic.stable, m.traffic.canary,
+        m.traffic.canary_percent, m.pending,
+    )  # fmt: skip
+
+
+class AsyncMeshClient:
+    """The mesh from asyncio code. Create and use it on one event loop; ``await client.close()`` (or
+    ``async with``) when done."""
+
+    def __init__(
+        self,
+        routers: str | Sequence[str] = DEFAULT_ROUTER,
+        *,
+        scheduler: str | None = None,
+        timeout: float = 30.0,
+        route_ttl_s: float = 1.0,
+        max_in_flight: int = 1024,
+    ) -> None:
+        addresses = [routers] if isinstance(routers, str) else list(routers)
+        if not addresses or not all(isinstance(a, str) and a for a in addresses):
+            raise InvalidArgument("MeshClient needs at least one router address, e.g. '127.0.0.1:8001'")
+        if timeout <= 0 or route_ttl_s < 0:
+            raise InvalidArgument(f"timeout must be > 0 and route_ttl_s >= 0, got {timeout}, {route_ttl_s}")
+        self._addresses = addresses
+        self._scheduler_address = scheduler or os.environ.get("MCP_SCHEDULER", DEFAULT_SCHEDULER)
+        self.timeout = timeout
+        self._ttl = route_ttl_s
+        self._max_in_flight = max_in_flight
+        self._routers: list[_Router] = []
+        self._current = 0  # the router that answered last
+        self._control: control_pb2_grpc.ModelControlStub | None = None
+        self._control_channel: grpc.aio.Channel | None = None
+        self._fwd: Forwarder | None = None
+        self._routes: OrderedDict[tuple[str, str, str], _Cached] = OrderedDict()
+        self._asking: dict[tuple[str, str, str], asyncio.Future[Route]] = {}
+        self._targets: dict[str, Route] = {}  # worker -> the route its link was opened for
+        self.stats = ClientStats()
+
+    @property
+    def in_flight(self) -> int:
+        """Direct requests sent and not yet answered (those through a router are the router's)."""
+        return 0 if self._fwd is None else sum(self._fwd.loads.values())
+
+    async def __aenter__(self) -> AsyncMeshClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._fwd is not None:
+            await self._fwd.close()
+            self._fwd = None
+        for router in self._routers:
+            await router.channel.close()
+        self._routers = []
+        if self._control_channel is not None:
+            await self._control_channel.close()
+            self._control_channel = self._control = None
+
+    # -- inference -------------------------------------------------------------------------------------
+    async def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        *,
+        version: str | None = None,
+        key: str | None = None,
+        priority: int = 0,
+        timeout: float | None = None,
+        direct: bool = False,
+        outputs: Sequence[str] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Run one request; the outputs by name (all of them, or those named in ``outputs``)."""
+        if not isinstance(inputs, Mapping) or not inputs:
+            raise InvalidArgument("inputs must be a non-empty mapping of tensor name to array")
+        call = _Call(
+            model, {name: np.asarray(value) for name, value in inputs.items()}, version or "", key or "",
+            priority, time.monotonic() + (timeout or self.timeout), tuple(outputs or ()),
+        )  # fmt: skip
+        if direct:
+            result = await self._infer_direct(call)
+            if result is not None:
+                self.stats.direct += 1
+                return call.select(result)
+            self.stats.fallbacks += 1
+        return await self._infer_routed(call)
+
+    async def _infer_routed(self, call: _Call) -> dict[str, np.ndarray]:
+        request = inference_pb2.InferRequest(
+            model=call.model, version=call.version, routing_key=call.key, priority=call.priority,
+            inputs=[_tensor(name, arr) for name, arr in call.arrays.items()], outputs=call.outputs,
+        )  # fmt: skip
+        reply = await self._on_routers("Infer", request, call.deadline, idempotent=False)
+        self.stats.routed += 1
+        return {t.name: _array(t) for t in reply.outputs}
+
+    async def _infer_direct(self, call: _Call) -> dict[str, np.ndarray] | None:
+        """The worker's answer, or None when the request provably did not start there."""
+        model = call.model
+        route = await self._cached_route(model, call.version, call.key, call.priority, call.deadline)
+        fwd = self._link(route)
+        if not await fwd.wait_connected(route.worker_id, min(call.left(), _CONNECT_WAIT_S)):
+            self._forget(model)
+            return None
+        left = call.left()
+        if left <= 0:
+            raise DeadlineExceeded(f"request to {model} ran out of time before it was sent")
+        header = tensor_pb2.TensorHeader(
+            kind=tensor_pb2.KIND_REQUEST, request_id=fwd.new_id(), model=model, version=route.version,
+            timeout_us=max(1, int(left * 1e6)), priority=call.priority,
+            flags=route.header_flags | wire.FLAG_DIRECT,
+        )  # fmt: skip
+        if route.features_off and route.header_flags & wire.FLAG_SECONDARY_FEATURES_OFF:
+            header.parameters[wire.PARAM_FEATURES_OFF] = ",".join(route.features_off)
+        nbytes = sum(a.nbytes for a in call.arrays.values())
+        try:
+            reply = await fwd.send(route.worker_id, header, call.arrays, timeout_s=left, nbytes=nbytes)
+        except NotSent:
+            self._forget(model)
+            return None
+        except MayHaveStarted as err:
+            self._forget(model)
+            raise Unavailable(
+                f"{err.message}; it may have started, so it was not sent again: retry only if running it "
+                "twice is safe"
+            ) from None
+        h = reply.header
+        if not h.status_code:
+            return reply.named()
+        if h.flags & (wire.FLAG_RETRYABLE | wire.FLAG_DRAINING) or h.status_code == _NOT_FOUND:
+            self._forget(model)  # not started there: the route is stale or the worker is leaving
+            return None
+        wire.raise_for_status(h)
+        return None  # unreachable: raise_for_status raised
+
+    def _link(self, route: Route) -> Forwarder:
+        if self._fwd is None:
+            self._fwd = Forwarder(max_in_flight=self._max_in_flight)
+        known = self._targets.get(route.worker_id)
+        if known is None or (known.endpoint, known.curve_public_key) != (
+            route.endpoint,
+            route.curve_public_key,
+        ):
+            self._targets[route.worker_id] = route
+            held = {c.route.worker_id for c in self._routes.values()}
+            self._targets = {w: r for w, r in self._targets.items() if w in held}  # links still routed to
+            self._fwd.sync(self._targets)
+        return self._fwd
+
+    # -- routes ----------------------------------------------------------------------------------------
+    async def route(
+        self, model: str, key: str | None = None, *, version: str | None = None, priority: int = 0
+    ) -> Route:
+        """Where a request would go now (asks a router; never cached)."""
+        return await self._ask_route(
+            model, version or "", key or "", priority, time.monotonic() + self.timeout
+        )
+
+    async def _cached_route(
+        self, model: str, version: str, key: str, priority: int, deadline: float
+    ) -> Route:
+        cache_key = (model, version, key)
+        cached = self._routes.get(cache_key)
+        now = time.monotonic()
+        if cached is not None and cached.expires > now:
+            self._routes.move_to_end(cache_key)
+            return cached.route
+        asking = self._asking.get(cache_key)
+        if asking is None:  # one Route call per key at a time, however many requests wait for it
+            asking = asyncio.ensure_future(self._ask_route(model, version, key, priority, deadline))
+            self._asking[cache_key] = asking
+            asking.add_done_callback(lambda _: self._asking.pop(cache_key, None))
+        route = await asyncio.shield(asking)
+        self._routes[cache_key] = _Cached(route, time.monotonic() + self._ttl)
+        self._routes.move_to_end(cache_key)
+        while len(self._routes) > _ROUTES_KEPT:
+            self._routes.popitem(last=False)
+        return route
+
+    async def _ask_route(self, model: str, version: str, key: str, priority: int, deadline: float) -> Route:
+        request = inference_pb2.RouteRequest(model=model, version=version, routing_key=key, priority=priority)
+        r = await self._on_routers("Route", request, deadline, idempotent=True)
+        self.stats.route_calls += 1
+        return Route(
+            model, r.version, r.worker_id, r.data_endpoint, r.breaker_level, r.header_flags,
+            r.curve_public_key, tuple(r.features_off), frozenset(r.zmq_features), r.incarnation,
+        )  # fmt: skip
+
+    def _forget(self, model: str) -> None:
+        for cache_key in [k for k in self._routes if k[0] == model]:
+            del self._routes[cache_key]
+
+    # -- routers ---------------------------------------------------------------------------------------
+    def _router_list(self) -> list[_Router]:
+        if not self._routers:
+            options = [
+                ("grpc.max_send_message_length", _MAX_MESSAGE),
+                ("grpc.max_receive_message_length", _MAX_MESSAGE),
+            ]
+            self._routers = [
+                _Router(a, grpc.aio.insecure_channel(a, options=options)) for a in self._addresses
+            ]
+        return self._routers
+
+    async def _on_routers(self, method: str, request: Any, deadline: float, *, idempotent: bool) -> Any:
+        """Call ``method`` on the router that answered last, moving on to the next only when the call
+        provably did not start there (or, ``idempotent``, the router is unreachable)."""
+        routers = self._router_list()
+        tried: list[str] = []
+        for step in range(len(routers)):
+            index = (self._current + step) % len(routers)
+            router = routers[index]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise DeadlineExceeded(f"{method} ran out of time (tried {', '.join(tried) or 'no router'})")
+            try:
+                reply = await getattr(router.inference, method)(request, timeout=left)
+            except grpc.RpcError as rpc_error:
+                error = from_rpc_error(rpc_error)
+                reached = not _never_reached(rpc_error)
+                movable = not reached or error.not_started or (idempotent and isinstance(error, Unavailable))
+                if not movable or step == len(routers) - 1:
+                    if tried and not reached:
+                        where = ", ".join([*tried, router.address])
+                        unreached = Unavailable(f"no router could be reached ({where}): {error.message}")
+                        raise not_started(unreached) from None
+                    raise error from None
+                tried.append(router.address)
+                self.stats.failovers += 1
+                continue
+            self._current = index
+            return reply
+        raise Unavailable("no router configured")  # unreachable: the loop returns or raises
+
+    # -- control ---------------------------------------------------------------------------------------
+    def _scheduler(self) -> control_pb2_grpc.ModelControlStub:
+        if self._control is None:
+            self._control_channel = grpc.aio.insecure_channel(self._scheduler_address)
+            self._control = control_pb2_grpc.ModelControlStub(self._control_channel)
+        return self._control
+
+    async def _control_call(self, method: str, request: Any, timeout: float | None) -> Any:
+        try:
+            return await getattr(self._scheduler(), method)(request, timeout=timeout or self.timeout)
+        except grpc.RpcError as err:
+            raise from_rpc_error(err) from None
+
+    async def load(
+        self,
+        model: str,
+        versions: Sequence[str] = ("1",),
+        replicas: int = 1,
+        *,
+        max_replicas: int = 0,
+        fallback_version: str = "",
+        priority: int = 0,
+        timeout: float | None = None,
+    ) -> ModelInfo:
+        """Load ``model`` (its ``versions``, ``replicas`` copies each) and wait until they run."""
+        if isinstance(versions, str):
+            versions = (versions,)
+        spec = model_pb2.ModelSpec(
+            model=model, versions=list(versions), replicas=replicas, max_replicas=max_replicas,
+            fallback_version=fallback_version, priority=priority,
+        )  # fmt: skip
+        reply = await self._control_call("LoadModel", control_pb2.LoadModelRequest(spec=spec), timeout)
+        return _model_info(reply.status)
+
+    async def unload(self, model: str, version: str | None = None, *, timeout: float | None = None) -> None:
+        request = control_pb2.UnloadModelRequest(model=model, version=version or "")
+        await self._control_call("UnloadModel", request, timeout)
+        self._forget(model)
+
+    async def status(self, model: str | None = None, *, timeout: float | None = None) -> list[ModelInfo]:
+        """Every model the scheduler knows (or one): versions, replicas and their states, breaker, split."""
+        if model:
+            reply = await self._control_call(
+                "GetModelStatus", control_pb2.GetModelStatusRequest(model=model), timeout
+            )
+            return [_model_info(reply.status)]
+        reply = await self._control_call("ListModels", control_pb2.ListModelsRequest(), timeout)
+        return [_model_info(m) for m in reply.models]
+
+
+class MeshClient:
+    """The blocking client: ``AsyncMeshClient``'s methods, run on a private event loop in a daemon thread
+    (so it may be shared by threads). Use it as a context manager, or call ``close()``."""
+
+    def __init__(self, routers: str | Sequence[str] = DEFAULT_ROUTER, **options: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="mcpclient", daemon=True)
+        self._thread.start()
+        try:
+            self._client: AsyncMeshClient = self._run(_create(routers, options))
+        except BaseException:
+            self._stop()
+            raise
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._loop.is_closed():
+            coro.close()
+            raise Unavailable("this MeshClient is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def __enter__(self) -> MeshClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def stats(self) -> ClientStats:
+        return self._client.stats
+
+    @property
+    def in_flight(self) -> int:
+        return self._client.in_flight
+
+    def infer(self, model: str, inputs: Mapping[str, Any], **kw: Any) -> dict[str, np.ndarray]:
+        return self._run(self._client.infer(model, inputs, **kw))
+
+    def route(self, model: str, key: str | None = None, **kw: Any) -> Route:
+        return self._run(self._client.route(model, key, **kw))
+
+    def load(self, model: str, versions: Sequence[str] = ("1",), replicas: int = 1, **kw: Any) -> ModelInfo:
+        return self._run(self._client.load(model, versions, replicas, **kw))
+
+    def unload(self, model: str, version: str | None = None, **kw: Any) -> None:
+        self._run(self._client.unload(model, version, **kw))
+
+    def status(self, model: str | None = None, **kw: Any) -> list[ModelInfo]:
+        return self._run(self._client.status(model, **kw))
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            self._run(self._client.close())
+        finally:
+            self._stop()
+
+    def _stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+
+async def _create(routers: str | Sequence[str], options: Mapping[str, Any]) -> AsyncMeshClient:
+    return AsyncMeshClient(routers, **options)

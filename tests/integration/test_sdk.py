@@ -1,0 +1,284 @@
+"""The Python SDK (``mcpclient.MeshClient`` / ``AsyncMeshClient``) against a real cluster: two workers, a
+scheduler, two routers and a health service on a real etcd.
+
+Both paths give the same answers; the direct path sends to the worker itself (coalesced, counted by the
+worker for the breakers, and the health service reads those counts), falls back to the router only for
+requests that provably did not start, and never sends twice one that may have run; several routers fail
+over; every failure is a typed ``MCPError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from harness import (
+    HealthProcess,
+    RouterProcess,
+    SchedulerProcess,
+    WorkerProcess,
+    etcd_get,
+    etcd_put,
+    metric,
+    mlp_reference,
+    small_mesh,
+    wait_for,
+)
+
+from mcpapi.v2 import worker_pb2
+from mcpclient import (
+    AsyncMeshClient,
+    InvalidArgument,
+    MCPError,
+    MeshClient,
+    NotFound,
+    Unavailable,
+)
+from mcpcore.keys import Keyspace
+
+MODEL = "demo-mlp"
+
+
+@dataclass
+class Cluster:
+    prefix: str
+    workers: list[WorkerProcess]
+    scheduler: SchedulerProcess
+    routers: list[RouterProcess]
+    health: HealthProcess
+
+    @property
+    def router_addresses(self) -> list[str]:
+        return [r.endpoints["grpc"] for r in self.routers]
+
+    def client(self, routers: list[str] | None = None, **options: object) -> MeshClient:
+        return MeshClient(
+            routers or self.router_addresses, scheduler=self.scheduler.endpoints["grpc"], **options
+        )
+
+    def worker(self, worker_id: str) -> WorkerProcess:
+        return next(w for w in self.workers if w.worker_id == worker_id)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, etcd_endpoint: str, repo: Path) -> Iterator[Cluster]:
+    tmp = tmp_path_factory.mktemp("sdk")
+    prefix = f"/t{uuid.uuid4().hex[:8]}/mcp"
+    started: list = []
+    try:
+        workers = [WorkerProcess(tmp, etcd_endpoint, repo, prefix=prefix).start() for _ in range(2)]
+        started += workers
+        scheduler = SchedulerProcess(tmp, etcd_endpoint, prefix=prefix).start()
+        started.append(scheduler)
+        routers = [RouterProcess(tmp, etcd_endpoint, prefix=prefix).start() for _ in range(2)]
+        started += routers
+        health = HealthProcess(tmp, etcd_endpoint, prefix=prefix, check_interval_s=0.1).start()
+        started.append(health)
+        mesh = Cluster(prefix, workers, scheduler, routers, health)
+        with mesh.client() as client:
+            info = client.load(MODEL, ["1"], replicas=2)
+            assert info.running("1") == 2, info
+            for address in mesh.router_addresses:  # each router has it in its table
+                with mesh.client([address]) as one:
+                    wait_for(lambda c=one: _routable(c), what=f"{MODEL} routed by {address}")
+        yield mesh
+    finally:
+        for proc in reversed(started):
+            proc.stop()
+
+
+def _routable(client: MeshClient) -> bool:
+    try:
+        client.route(MODEL)
+    except MCPError:
+        return False
+    return True
+
+
+def _x(rows: int = 4, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).random((rows, 64), dtype=np.float32)
+
+
+def _free_address() -> str:
+    """A loopback address nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_router_path_and_direct_path_give_identical_outputs(cluster: Cluster, repo: Path) -> None:
+    x = _x()
+    with cluster.client() as client:
+        routed = client.infer(MODEL, {"INPUT0": x}, version="1")
+        direct = client.infer(MODEL, {"INPUT0": x}, version="1", direct=True)
+        assert set(routed) == set(direct) and "OUTPUT0" in routed
+        for name in routed:
+            assert routed[name].dtype == direct[name].dtype
+            assert np.array_equal(routed[name], direct[name]), name
+        np.testing.assert_allclose(
+            direct["OUTPUT0"], mlp_reference(repo, MODEL, "1", x), rtol=1e-5, atol=1e-6
+        )
+        assert (client.stats.routed, client.stats.direct, client.stats.fallbacks) == (1, 1, 0)
+        only = client.infer(MODEL, {"INPUT0": x}, version="1", direct=True, outputs=["OUTPUT0"])
+        assert list(only) == ["OUTPUT0"]
+        [info] = client.status(MODEL)
+        assert info.model == MODEL and info.running("1") == 2
+
+
+def test_the_route_is_asked_once_and_kept_at_most_its_ttl(cluster: Cluster) -> None:
+    with cluster.client(route_ttl_s=60) as client:
+        for seed in range(5):
+            client.infer(MODEL, {"INPUT0": _x(seed=seed)}, key="user-7", direct=True)
+        assert client.stats.route_calls == 1 and client.stats.direct == 5
+    with cluster.client(route_ttl_s=0) as client:  # no caching: a Route per request
+        for seed in range(3):
+            client.infer(MODEL, {"INPUT0": _x(seed=seed)}, key="user-7", direct=True)
+        assert client.stats.route_calls == 3
+
+
+def test_direct_requests_are_counted_by_their_worker_for_the_breakers(
+    cluster: Cluster, etcd_endpoint: str
+) -> None:
+    keys = Keyspace(cluster.prefix)
+    with cluster.client() as client:
+        worker = client.route(MODEL, "counted").worker_id
+        for seed in range(7):
+            client.infer(MODEL, {"INPUT0": _x(seed=seed)}, key="counted", direct=True)
+        with pytest.raises(InvalidArgument):  # a client error: counted as such, never as the server's
+            client.infer(MODEL, {"INPUT0": np.zeros((1, 3), np.float32)}, key="counted", direct=True)
+    key = keys.direct_stats(worker, MODEL)
+
+    def window() -> dict | None:
+        doc = etcd_get(etcd_endpoint, key)
+        return doc if doc and doc["requests"] >= 8 else None
+
+    doc = wait_for(window, what=f"{key} with the direct requests")
+    assert doc["worker"] == worker and doc["client"] >= 1
+    assert doc["timeout"] == doc["backend"] == doc["unavailable"] == 0
+
+
+def test_the_health_service_reads_the_workers_direct_windows(cluster: Cluster, etcd_endpoint: str) -> None:
+    """The consumer side of the boundary: a worker's window doc, as it writes it, raises a breaker."""
+    keys = Keyspace(cluster.prefix)
+    endpoint = etcd_endpoint
+    model = f"direct-only-{uuid.uuid4().hex[:6]}"
+    doc = {"worker": "w-x", "window_s": 30.0, "at": time.time(), "requests": 100, "timeout": 0,
+           "resource": 0, "backend": 95, "unavailable": 0, "client": 0}  # fmt: skip
+    etcd_put(endpoint, keys.direct_stats("w-x", model), doc)
+    level = wait_for(lambda: (etcd_get(endpoint, keys.breaker(model)) or {}).get("level", 0), what="a level")
+    assert level >= 1
+
+
+def test_direct_requests_leave_coalesced_and_all_get_their_own_answer(cluster: Cluster, repo: Path) -> None:
+    worker_of = {}
+
+    async def run() -> list[tuple[np.ndarray, dict[str, np.ndarray]]]:
+        async with AsyncMeshClient(cluster.router_addresses) as client:
+            worker_of["w"] = (await client.route(MODEL, "burst")).worker_id
+            xs = [_x(rows=1, seed=100 + i) for i in range(64)]
+            outs = await asyncio.gather(
+                *(client.infer(MODEL, {"INPUT0": x}, version="1", key="burst", direct=True) for x in xs)
+            )
+            assert client.stats.direct == 64 and client.stats.fallbacks == 0
+            return list(zip(xs, outs, strict=True))
+
+    before = metric(
+        cluster.worker(_route_worker(cluster)).metrics_text(), "mcp_worker_coalesced_requests_total"
+    )
+    pairs = asyncio.run(run())
+    for x, out in pairs:
+        np.testing.assert_allclose(out["OUTPUT0"], mlp_reference(repo, MODEL, "1", x), rtol=1e-5, atol=1e-6)
+    after = metric(cluster.worker(worker_of["w"]).metrics_text(), "mcp_worker_coalesced_requests_total")
+    assert worker_of["w"] == _route_worker(cluster)
+    assert after - before >= 32, "64 requests sent in one loop turn should leave coalesced"
+
+
+def _route_worker(cluster: Cluster) -> str:
+    with cluster.client() as client:
+        return client.route(MODEL, "burst").worker_id
+
+
+def test_a_request_the_worker_did_not_start_goes_through_the_router(cluster: Cluster) -> None:
+    with cluster.client(route_ttl_s=60) as client:
+        x = _x()
+        client.infer(MODEL, {"INPUT0": x}, version="1", key="moved", direct=True)  # caches the route
+        worker = cluster.worker(client.route(MODEL, "moved", version="1").worker_id)
+        worker.control().Unload(worker_pb2.UnloadRequest(model=MODEL, version="1"), timeout=30)
+        try:
+            out = client.infer(MODEL, {"INPUT0": x}, version="1", key="moved", direct=True)
+            assert out["OUTPUT0"].shape == (4, 16)
+            assert client.stats.fallbacks == 1  # "not held here": not started, so the router served it
+            assert client.stats.route_calls >= 2 or client.stats.routed == 1
+        finally:  # the scheduler puts the copy back; later tests want both
+            wait_for(lambda: client.status(MODEL)[0].running("1") == 2, timeout_s=60, what="the copy back")
+
+
+def test_routers_fail_over_when_one_cannot_be_reached(cluster: Cluster) -> None:
+    dead = _free_address()
+    with cluster.client([dead, *cluster.router_addresses]) as client:
+        out = client.infer(MODEL, {"INPUT0": _x()})
+        assert out["OUTPUT0"].shape == (4, 16)
+        assert client.stats.failovers == 1
+        client.infer(MODEL, {"INPUT0": _x()})  # stays on the router that answered
+        assert client.stats.failovers == 1
+        assert client.route(MODEL).worker_id
+    with cluster.client([_free_address(), _free_address()], timeout=5) as client:
+        with pytest.raises(Unavailable) as err:
+            client.infer(MODEL, {"INPUT0": _x()})
+        assert err.value.not_started and "no router could be reached" in err.value.message
+
+
+def test_errors_are_typed_on_both_paths(cluster: Cluster) -> None:
+    with cluster.client() as client:
+        for direct in (False, True):
+            with pytest.raises(NotFound):
+                client.infer("no-such-model", {"INPUT0": _x()}, direct=direct)
+            with pytest.raises(InvalidArgument) as err:
+                client.infer(MODEL, {"INPUT0": np.zeros((2, 5), np.float32)}, direct=direct)
+            assert "INPUT0" in err.value.message
+            with pytest.raises(InvalidArgument):
+                client.infer(MODEL, {}, direct=direct)
+            with pytest.raises(InvalidArgument):
+                client.infer(MODEL, {"INPUT0": _x()}, direct=direct, outputs=["NOPE"])
+        with pytest.raises(NotFound):
+            client.route("no-such-model")
+    with pytest.raises(InvalidArgument):
+        MeshClient([])
+
+
+def test_a_direct_request_whose_worker_dies_is_not_sent_again(
+    tmp_path: Path, etcd_endpoint: str, repo: Path
+) -> None:
+    with small_mesh(tmp_path, etcd_endpoint, repo, "demo-slow", ["1"]) as mesh:
+        address = mesh.router.endpoints["grpc"]
+        with MeshClient(address, scheduler=mesh.scheduler.endpoints["grpc"], timeout=20) as client:
+            client.infer("demo-slow", {"INPUT0": _x(rows=1)}, direct=True)  # link up, route cached
+            outcome: dict[str, BaseException | None] = {}
+
+            def send() -> None:
+                try:
+                    client.infer("demo-slow", {"INPUT0": _x(rows=1)}, direct=True)
+                    outcome["error"] = None
+                except BaseException as exc:
+                    outcome["error"] = exc
+
+            os.kill(mesh.worker.proc.pid, signal.SIGSTOP)  # it holds the request and cannot answer
+            sender = threading.Thread(target=send)
+            sender.start()
+            wait_for(lambda: client.in_flight == 1, what="the request out to the worker")
+            os.kill(mesh.worker.proc.pid, signal.SIGKILL)
+            mesh.worker.proc.wait(5)
+            sender.join(30)
+            error = outcome["error"]
+            assert isinstance(error, Unavailable) and "may have started" in error.message, error
+            assert client.stats.fallbacks == 0 and client.stats.routed == 0
