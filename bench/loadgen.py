@@ -1,7 +1,8 @@
 """Load generator in its own process: ``python bench/loadgen.py HOST:PORT MODEL CONC SECONDS [--rate R]``.
 
 Closed loop (default): ``CONC`` coroutines each send a one-row FP32 [1, 64] ``mcpapi.v2.Inference/Infer``
-(``--kserve``: KServe V2 ``ModelInfer``, input ``INPUT`` in ``raw_input_contents``) and wait for the
+(``--kserve``: KServe V2 ``ModelInfer``, input ``INPUT`` in ``raw_input_contents``; ``--direct``: the
+SDK's direct path, ``AsyncMeshClient(HOST:PORT).infer(MODEL, {"INPUT": row}, direct=True)``) and wait for the
 answer, for ``SECONDS`` after a short warm-up, over ``--connections`` TCP connections (1). Open loop
 (``--rate R``): requests start at Poisson times, ``R`` a second, whatever the answers (at most ``CONC``
 at once, so a stalled server cannot make the generator itself grow), the way traffic from many users
@@ -26,6 +27,8 @@ import numpy as np
 
 from mcpapi.kserve import grpc_service_pb2 as kserve_pb
 from mcpapi.v2 import inference_pb2, inference_pb2_grpc
+from mcpclient import AsyncMeshClient
+from mcpcore.errors import MCPError
 
 REFUSED = "exceeds maximum queue size"
 
@@ -62,6 +65,7 @@ async def run(
     rate: float = 0.0,
     kserve: bool = False,
     connections: int = 1,
+    direct: bool = False,
 ) -> dict[str, float]:
     ok: list[float] = []
     refused: list[float] = []
@@ -80,6 +84,10 @@ async def run(
             )
             for _ in range(connections)
         ]
+        if direct:
+            mesh = await stack.enter_async_context(AsyncMeshClient(target))
+            row = {"INPUT": np.random.default_rng(0).random((1, 64), dtype=np.float32)}
+            calls = [(row, lambda inputs, timeout: mesh.infer(model, inputs, timeout=timeout, direct=True))]
         turn = itertools.count()
 
         async def one() -> None:
@@ -90,10 +98,13 @@ async def run(
                 await infer(request, timeout=10)
                 if measuring:
                     ok.append(time.perf_counter() - start)
-            except grpc.aio.AioRpcError as err:
+            except (grpc.aio.AioRpcError, MCPError) as err:
                 if not measuring:
                     return
-                if err.code() == grpc.StatusCode.UNAVAILABLE and REFUSED in (err.details() or ""):
+                code, details = (
+                    (err.code, err.message) if isinstance(err, MCPError) else (err.code(), err.details())
+                )
+                if code == grpc.StatusCode.UNAVAILABLE and REFUSED in (details or ""):
                     refused.append(time.perf_counter() - start)
                 else:
                     errors += 1
@@ -149,9 +160,10 @@ if __name__ == "__main__":
     parser.add_argument("--rate", type=float, default=0.0, help="open loop: requests a second")
     parser.add_argument("--kserve", action="store_true", help="KServe V2 ModelInfer, input INPUT")
     parser.add_argument("--connections", type=int, default=1, help="TCP connections the clients share")
+    parser.add_argument("--direct", action="store_true", help="the SDK's direct path (input INPUT)")
     args = parser.parse_args()
     figures = run(
         args.target, args.model, args.conc, args.seconds, rate=args.rate, kserve=args.kserve,
-        connections=args.connections,
+        connections=args.connections, direct=args.direct,
     )  # fmt: skip
     print(json.dumps(asyncio.run(figures)))

@@ -31,6 +31,7 @@ from rest_bench import bench_rest
 
 from mcpapi.kserve import grpc_service_pb2 as kserve_pb
 from mcpapi.v2 import control_pb2, control_pb2_grpc, inference_pb2, inference_pb2_grpc, model_pb2
+from mcpclient import MeshClient
 from mcpclient.localetcd import EtcdServer
 from mcpcore.etcd_store import EtcdStore
 from mcpcore.keys import Keyspace
@@ -47,10 +48,12 @@ LOADGEN_WARMUP_S = 0.5  # bench/loadgen.py's warm-up before it measures
 GRPC_LIMITS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 
 
-def _loadgen(target: str, model: str, conc: int, seconds: float, connections: int = 1) -> dict[str, float]:
+def _loadgen(
+    target: str, model: str, conc: int, seconds: float, connections: int = 1, *, direct: bool = False
+) -> dict[str, float]:
     out = subprocess.run(
         [sys.executable, str(BENCH / "loadgen.py"), target, model, str(conc), str(seconds), "--kserve",
-         "--connections", str(connections)],
+         "--connections", str(connections), *(["--direct"] if direct else [])],
         capture_output=True, text=True, check=True, timeout=seconds + 60,
     )  # fmt: skip
     return json.loads(out.stdout)
@@ -101,6 +104,24 @@ def _cpu_figures(cpu: dict[str, float], answered: float, router: str, worker: st
     }
 
 
+def bench_direct(router: str, seconds: float, e2e: dict[str, float]) -> dict[str, float]:
+    """The SDK's direct path at c=64 (Route once, then ZeroMQ to the worker), against the one-hop baseline
+    and the router path measured just before in the same run."""
+    direct = _loadgen(router, MODEL, 64, seconds, direct=True)
+    figures = {
+        "direct_rps_c64": round(direct["rps"]), "direct_p99_ms_c64": round(direct["p99_ms"], 2),
+        "direct_errors_c64": direct["errors"],
+        "direct_vs_one_hop_c64": round(direct["rps"] / max(e2e["baseline_rps_c64"], 1), 2),
+        "direct_vs_router_c64": round(direct["rps"] / max(e2e["e2e_rps_c64"], 1), 2),
+    }  # fmt: skip
+    print(
+        f"SDK direct path (Route once, ZeroMQ to the worker), c=64: {direct['rps']:,.0f} req/s, "
+        f"p99 {direct['p99_ms']:.1f} ms, {direct['errors']} errors -> {figures['direct_vs_one_hop_c64']}x "
+        f"the one-hop baseline, {figures['direct_vs_router_c64']}x the router path"
+    )
+    return figures
+
+
 def bench_bulk(router: str) -> dict[str, float]:
     """One 16 MiB FP32 request and its 16 MiB reply through router and worker (bench-bulk: ReLU), against
     one plain gRPC echo of the same request bytes (echo_server.py, another process)."""
@@ -115,6 +136,13 @@ def bench_bulk(router: str) -> dict[str, float]:
         if np.frombuffer(reply.raw_output_contents[0], np.float32).tobytes() != np.maximum(x, 0).tobytes():
             raise RuntimeError("bench-bulk answered something other than ReLU of its input")
         mesh_ms = _median_ms(lambda p: infer(p, timeout=60), payload, BULK_ROUNDS)
+    with MeshClient(router, timeout=60) as client:
+        out = client.infer(BULK_MODEL, {"INPUT": x}, direct=True)
+        if out["OUTPUT"].tobytes() != np.maximum(x, 0).tobytes():
+            raise RuntimeError("bench-bulk answered the direct path something other than ReLU of its input")
+        direct_ms = _median_ms(
+            lambda _: client.infer(BULK_MODEL, {"INPUT": x}, direct=True), b"", BULK_ROUNDS
+        )
     command = [sys.executable, str(BENCH / "echo_server.py")]
     server = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -125,13 +153,15 @@ def bench_bulk(router: str) -> dict[str, float]:
     finally:
         server.kill()
         server.wait(10)
-    ratio = mesh_ms / echo_ms
+    ratio, speedup = mesh_ms / echo_ms, echo_ms / direct_ms
     print(
         f"bulk 16 MiB request + 16 MiB reply through router and worker: median {mesh_ms:.1f} ms | "
-        f"plain gRPC echo of the same bytes: {echo_ms:.1f} ms -> {ratio:.2f}x (target <= 1.5x)"
+        f"plain gRPC echo of the same bytes: {echo_ms:.1f} ms -> {ratio:.2f}x (target <= 1.5x) | "
+        f"SDK direct path: {direct_ms:.1f} ms, {speedup:.2f}x faster than the echo (target >= 3x)"
     )
     return {"e2e_bulk_16mib_ms": round(mesh_ms, 1), "grpc_echo_16mib_ms": round(echo_ms, 1),
-            "e2e_bulk_vs_grpc_echo": round(ratio, 2)}  # fmt: skip
+            "e2e_bulk_vs_grpc_echo": round(ratio, 2), "direct_bulk_16mib_ms": round(direct_ms, 1),
+            "direct_bulk_speedup_vs_grpc_echo": round(speedup, 2)}  # fmt: skip
 
 
 def _lag_buckets(proc) -> dict[float, float]:  # type: ignore[no-untyped-def]
@@ -268,6 +298,7 @@ def bench_e2e(repo: Path, seconds: float) -> dict[str, float]:
                 + " (target < 10 ms) | idle, same processes: "
                 + ", ".join(f"{name} {lag * 1e3:.1f} ms" for name, lag in idle.items())
             )
+            figures |= bench_direct(router.endpoints["grpc"], seconds, figures)
             figures |= bench_bulk(router.endpoints["grpc"]) | bench_rest(
                 router.endpoints["rest"], MODEL, seconds
             )
