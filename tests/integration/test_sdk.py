@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zmq
+import zmq.auth
 from harness import (
     HealthProcess,
     RouterProcess,
@@ -282,3 +284,35 @@ def test_a_direct_request_whose_worker_dies_is_not_sent_again(
             error = outcome["error"]
             assert isinstance(error, Unavailable) and "may have started" in error.message, error
             assert client.stats.fallbacks == 0 and client.stats.routed == 0
+
+
+def test_the_direct_path_speaks_curve_to_a_worker_that_requires_it(
+    tmp_path: Path, etcd_endpoint: str, repo: Path
+) -> None:
+    _, secret_file = zmq.auth.create_certificates(str(tmp_path), "worker")
+    server_public, _ = zmq.auth.load_certificate(secret_file)
+    prefix = f"/t{uuid.uuid4().hex[:8]}/mcp"
+    started: list = []
+    try:
+        started.append(
+            WorkerProcess(
+                tmp_path, etcd_endpoint, repo, prefix=prefix, zmq_curve_secret_key_file=secret_file
+            ).start()
+        )
+        started.append(SchedulerProcess(tmp_path, etcd_endpoint, prefix=prefix).start())
+        started.append(RouterProcess(tmp_path, etcd_endpoint, prefix=prefix).start())
+        address, scheduler = started[2].endpoints["grpc"], started[1].endpoints["grpc"]
+        with MeshClient(address, scheduler=scheduler) as client:
+            client.load(MODEL, ["1"], replicas=1)
+            wait_for(lambda: _routable(client), what=f"{MODEL} routed")
+            assert client.route(MODEL).curve_public_key == server_public.decode()
+            x = _x()
+            out = client.infer(MODEL, {"INPUT0": x}, direct=True)
+            np.testing.assert_allclose(
+                out["OUTPUT0"], mlp_reference(repo, MODEL, "1", x), rtol=1e-5, atol=1e-6
+            )
+            # without the key the handshake would never complete and the request would go by the router
+            assert (client.stats.direct, client.stats.fallbacks) == (1, 0)
+    finally:
+        for proc in reversed(started):
+            proc.stop()
