@@ -1,8 +1,21 @@
-"""One way to run a service process: config from flags > env > YAML, logging, signals, a "ready" line.
+"""Running a service process: config from flags > env > YAML, logging, tracing, signals, a "ready" line.
 
 Each service's ``__main__`` is a call to ``main(...)`` with its config class and a factory; the service
 object needs ``async start() -> dict`` (its endpoints, printed as one JSON line ``{"event": "ready", ...}``
 on stdout, which launchers and tests wait for instead of sleeping) and ``async stop()``.
+
+Besides its config's flags, every service takes the process's own options (``ProcessOptions``; not
+config fields, so a service's config says nothing of them):
+
+- ``--log-format json|text`` (env ``MCP_LOG_FORMAT``; default json): one JSON object per line on stderr,
+  or the text lines for people at a terminal (``mcpcore.logs``); ``MCP_LOG_LEVEL`` (INFO) sets the level.
+- ``--otlp-endpoint URL`` (else ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, else
+  ``OTEL_EXPORTER_OTLP_ENDPOINT``): where spans go over OTLP/gRPC; none: tracing is off
+  (``mcpcore.tracing``). Set up before the service object is made, flushed after it stopped.
+
+A service's process fields (``fields``: the worker's id) go on every log line, and into the trace
+resource as ``mcp.<field>``. An exception that ends the process is logged (so it is a JSON line too) and
+the exit status is 1.
 
 Once started, everything the process made so far (modules, descriptors, the service's own objects) is
 moved out of the garbage collector's passes (``gc.freeze``): it lives as long as the process, and a full
@@ -21,15 +34,18 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from mcpcore import logs, tracing
 from mcpcore.config import add_flags, load_config, overrides_from_args
-from mcpcore.errors import MCPError
+from mcpcore.errors import InvalidArgument, MCPError
 
-__all__ = ["Service", "main", "parse_config", "setup_logging"]
+__all__ = ["ProcessOptions", "Service", "main", "parse_args", "parse_config", "run", "setup_logging"]
 
 C = TypeVar("C")
+log = logging.getLogger(__name__)
 
 
 class Service(Protocol):
@@ -38,12 +54,31 @@ class Service(Protocol):
     async def stop(self) -> None: ...
 
 
-def parse_config(prog: str, config_cls: type[C], env_prefix: str, argv: list[str] | None) -> C:
+@dataclass(frozen=True)
+class ProcessOptions:
+    """The options every service process takes besides its config (the module's docstring)."""
+
+    log_format: str = "json"
+    otlp_endpoint: str = ""  # "" : tracing off
+
+
+def parse_args(
+    prog: str, config_cls: type[C], env_prefix: str, argv: list[str] | None
+) -> tuple[C, ProcessOptions]:
+    """The service's config and the process's options from flags, env and YAML (``InvalidArgument``)."""
     parser = argparse.ArgumentParser(prog=prog, description=f"mcpmesh {prog}")
     parser.add_argument("--config", help=f"YAML file with {config_cls.__name__} fields")
+    parser.add_argument(
+        "--log-format", choices=logs.FORMATS, help="stderr lines: json (default) or text (env MCP_LOG_FORMAT)"
+    )
+    parser.add_argument(
+        "--otlp-endpoint",
+        help="send trace spans over OTLP/gRPC to this URL, e.g. http://127.0.0.1:4317 (env "
+        "OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT; none: no tracing)",
+    )
     add_flags(parser, config_cls, env_prefix=env_prefix)
     ns = parser.parse_args(argv)
-    return load_config(
+    config = load_config(
         config_cls,
         yaml_path=ns.config,
         env=os.environ,
@@ -51,6 +86,14 @@ def parse_config(prog: str, config_cls: type[C], env_prefix: str, argv: list[str
         overrides=overrides_from_args(ns),
         name=prog.removeprefix("mcp-"),
     )
+    log_format = ns.log_format or os.environ.get("MCP_LOG_FORMAT", "").strip().lower() or "json"
+    if log_format not in logs.FORMATS:
+        raise InvalidArgument(f"MCP_LOG_FORMAT is {log_format!r}; use one of {', '.join(logs.FORMATS)}")
+    return config, ProcessOptions(log_format, tracing.endpoint(ns.otlp_endpoint or "", os.environ))
+
+
+def parse_config(prog: str, config_cls: type[C], env_prefix: str, argv: list[str] | None) -> C:
+    return parse_args(prog, config_cls, env_prefix, argv)[0]
 
 
 #: The GIL hand-over interval (Python's default is 5 ms): the event loop's thread waits at most this
@@ -73,16 +116,46 @@ async def serve(factory: Callable[[C], Service], config: C) -> None:
     try:
         await service.stop()
     except Exception:  # the process ends either way; a stop that failed halfway must be seen
-        logging.getLogger(__name__).exception("stopping %s failed; exiting anyway", type(service).__name__)
+        log.exception("stopping %s failed; exiting anyway", type(service).__name__)
 
 
-def setup_logging() -> None:
-    """Log lines to stderr at ``MCP_LOG_LEVEL`` (INFO), as every service process does."""
-    logging.basicConfig(
-        level=os.environ.get("MCP_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def setup_logging(
+    log_format: str = "json", *, service: str = "", fields: Mapping[str, str] | None = None
+) -> None:
+    """Log lines to stderr at ``MCP_LOG_LEVEL`` (INFO) in ``log_format``, as every service process does;
+    ``service`` and ``fields`` go on every JSON line."""
+    level = os.environ.get("MCP_LOG_LEVEL", "").strip() or "INFO"
+    logs.setup(log_format, level=level, static={"service": service, **(fields or {})})
+
+
+def run(
+    prog: str,
+    config: C,
+    options: ProcessOptions,
+    factory: Callable[[C], Service],
+    *,
+    fields: Mapping[str, str] | None = None,
+) -> int:
+    """Run the service until SIGTERM/SIGINT: logging and tracing set up first, spans flushed last."""
+    try:
+        setup_logging(options.log_format, service=prog, fields=fields)
+    except ValueError as exc:  # MCP_LOG_LEVEL
+        print(f"{prog}: MCP_LOG_LEVEL: {exc}", file=sys.stderr)
+        return 2
+    try:
+        attributes = {f"mcp.{key}": value for key, value in (fields or {}).items()}
+        tracing.setup(prog, options.otlp_endpoint, env=os.environ, attributes=attributes)
+    except MCPError as exc:
+        print(f"{prog}: {exc.message}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(serve(factory, config))
+    except Exception:
+        log.critical("%s failed", prog, exc_info=True)
+        return 1
+    finally:
+        tracing.shutdown()
+    return 0
 
 
 def main(
@@ -91,12 +164,13 @@ def main(
     env_prefix: str,
     factory: Callable[[C], Service],
     argv: list[str] | None = None,
+    *,
+    fields: Callable[[C], Mapping[str, str]] | None = None,
 ) -> int:
-    setup_logging()
+    """``fields(config)``: the process's own log fields and trace resource attributes (the worker's id)."""
     try:
-        config = parse_config(prog, config_cls, env_prefix, argv)
+        config, options = parse_args(prog, config_cls, env_prefix, argv)
     except MCPError as exc:
         print(f"{prog}: {exc.message}", file=sys.stderr)
         return 2
-    asyncio.run(serve(factory, config))
-    return 0
+    return run(prog, config, options, factory, fields=fields(config) if fields else None)

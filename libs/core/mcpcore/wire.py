@@ -43,6 +43,7 @@ __all__ = [
     "KIND_BATCH",
     "PARAM_ANSWER",
     "PARAM_FEATURES_OFF",
+    "PARAM_TRACEPARENT",
     "RESERVED_PREFIX",
     "Limits",
     "Message",
@@ -73,6 +74,9 @@ RESERVED_PREFIX = "mcp."
 #: Header parameter a router adds with ``FLAG_SECONDARY_FEATURES_OFF``: the breaker policy's level-2
 #: ``features``, comma-separated (absent: every secondary output of the model goes).
 PARAM_FEATURES_OFF = RESERVED_PREFIX + "features_off"
+#: Header parameter a router adds to a request it traces: the W3C traceparent of its span for the
+#: request, under which the worker records its spans (``mcpcore.tracing``). Absent: not traced.
+PARAM_TRACEPARENT = RESERVED_PREFIX + "traceparent"
 #: Reply parameter of a ``FLAG_PARTIAL`` reply: its place among the request's answers (0, 1, ...), so a
 #: receiver sees a gap (ZeroMQ drops what a full queue cannot take) instead of a silent hole.
 PARAM_ANSWER = RESERVED_PREFIX + "answer"

@@ -1,6 +1,7 @@
 """``python -m mcp_health [--config health.yaml] [--flags]``: run one health instance until SIGTERM/SIGINT.
 
-Configuration: defaults < ``--config`` YAML < ``MCP_HEALTH_*`` env < flags. Once serving, one JSON line
+Configuration: defaults < ``--config`` YAML < ``MCP_HEALTH_*`` env < flags; ``--log-format`` and
+``--otlp-endpoint`` as every service (``mcpcore.runner``). Once serving, one JSON line
 ``{"event": "ready", ...endpoints}`` goes to stdout (see ``mcpcore.runner``).
 """
 

@@ -1,8 +1,10 @@
 """``python -m mcp_router [--config router.yaml] [--flags]``: run one router until SIGTERM/SIGINT.
 
-Configuration: defaults < ``--config`` YAML < ``MCP_ROUTER_*`` env < flags. ``--processes N`` (N > 1)
-runs N routers behind the same ports instead (``mcp_router.processes``). Once serving, one JSON line
-``{"event": "ready", ...endpoints}`` goes to stdout (see ``mcpcore.runner``).
+Configuration: defaults < ``--config`` YAML < ``MCP_ROUTER_*`` env < flags; ``--log-format`` and
+``--otlp-endpoint`` as every service (``mcpcore.runner``). ``--processes N`` (N > 1) runs N routers
+behind the same ports instead (``mcp_router.processes``): each gets the same flags, so the same log
+format and tracing; the supervisor logs in that format too and traces nothing. Once serving, one JSON
+line ``{"event": "ready", ...endpoints}`` goes to stdout (see ``mcpcore.runner``).
 """
 
 from __future__ import annotations
@@ -14,20 +16,22 @@ from mcp_router.server import RouterServer
 from mcpcore import runner
 from mcpcore.errors import MCPError
 
+PROG = "mcp-router"
+
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     try:
-        config = runner.parse_config("mcp-router", RouterConfig, "MCP_ROUTER_", args)
+        config, options = runner.parse_args(PROG, RouterConfig, "MCP_ROUTER_", args)
     except MCPError as exc:
-        print(f"mcp-router: {exc.message}", file=sys.stderr)
+        print(f"{PROG}: {exc.message}", file=sys.stderr)
         return 2
     if config.processes > 1:  # a supervisor of that many routers (mcp_router.processes)
         from mcp_router import processes  # noqa: PLC0415
 
-        runner.setup_logging()
+        runner.setup_logging(options.log_format, service=PROG)
         return processes.supervise(config, args)
-    return runner.main("mcp-router", RouterConfig, "MCP_ROUTER_", RouterServer, args)
+    return runner.run(PROG, config, options, RouterServer)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """``python -m mcp_scheduler [--config scheduler.yaml] [--flags]``: run one scheduler until SIGTERM/SIGINT.
 
-Configuration: defaults < ``--config`` YAML < ``MCP_SCHEDULER_*`` env < flags. Once serving, one JSON line
+Configuration: defaults < ``--config`` YAML < ``MCP_SCHEDULER_*`` env < flags; ``--log-format`` and
+``--otlp-endpoint`` as every service (``mcpcore.runner``). Once serving, one JSON line
 ``{"event": "ready", ...endpoints}`` goes to stdout (see ``mcpcore.runner``).
 """
 

@@ -1,7 +1,8 @@
 """``python -m mcp_worker [--config worker.yaml] [--flags]``: run one worker until SIGTERM/SIGINT.
 
-Configuration: defaults < ``--config`` YAML < ``MCP_WORKER_*`` env < flags. Once serving, one JSON line
-``{"event": "ready", ...endpoints}`` goes to stdout (see ``mcpcore.runner``).
+Configuration: defaults < ``--config`` YAML < ``MCP_WORKER_*`` env < flags; ``--log-format`` and
+``--otlp-endpoint`` as every service (``mcpcore.runner``). Every log line names the worker (``worker``).
+Once serving, one JSON line ``{"event": "ready", ...endpoints}`` goes to stdout (see ``mcpcore.runner``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from mcpcore import runner
 
 
 def main(argv: list[str] | None = None) -> int:
-    return runner.main("mcp-worker", WorkerConfig, "MCP_WORKER_", Worker, argv)
+    return runner.main(
+        "mcp-worker", WorkerConfig, "MCP_WORKER_", Worker, argv, fields=lambda c: {"worker": c.worker_id}
+    )
 
 
 if __name__ == "__main__":
