@@ -20,6 +20,9 @@ Invariants:
   shorter than "timeout", bounds the request.
 - Streams: a decoupled model's answers go out as they come; with "triton_enable_empty_final_response"
   set, each answer says "triton_final_response" false and an empty last one says true (as Triton's).
+- With tracing on (``mcpcore.tracing``), the call's W3C ``traceparent``/``tracestate`` metadata is the
+  trace context each of its requests' spans is a child of (a stream's every request: the stream's);
+  tracing off, the metadata is not read.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from mcp_router.shm import SharedMemory
 from mcpapi.kserve import grpc_service_pb2 as pb
 from mcpapi.kserve import grpc_service_pb2_grpc as pb_grpc
 from mcpapi.kserve import model_config_pb2 as mc
-from mcpcore import dtypes
+from mcpcore import dtypes, tracing
 from mcpcore.errors import (
     Internal,
     InvalidArgument,
@@ -139,6 +142,7 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         self._version = version
         self._shm = shm if shm is not None else SharedMemory()
         self._tracer = tracer if tracer is not None else trace.Tracer()
+        self._tracing = tracing.enabled()  # OpenTelemetry, apart from TraceSetting's tracer
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=self._dataplane.live())
@@ -181,19 +185,31 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
     grpc_codecs = {"ModelInfer": (kserve_wire.parse_request, None)}  # None: it returns bytes
 
     async def ModelInfer(self, request: kserve_wire.InferRequest, context: Any) -> bytes:
-        response, raw = await self._infer(request.message, request.raw, _time_remaining(context))
+        caller = self._caller(context)
+        response, raw = await self._infer(
+            request.message, request.raw, _time_remaining(context), caller=caller
+        )
         return kserve_wire.serialize_response(response, raw)
+
+    def _caller(self, context: Any) -> Any:
+        """The caller's trace context (tracing on), from the call's metadata; None: tracing is off."""
+        if not self._tracing:
+            return None
+        return tracing.extract_metadata(context.invocation_metadata() if context is not None else None)
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Every request on the stream runs at once; answers come back as they finish, each with its
         request's id, and an error is an answer too (``mcp_router.stream``)."""
+        caller = self._caller(context)
 
         async def infer(
             request: pb.ModelInferRequest, partial: Callable[[pb.ModelInferResponse], None]
         ) -> pb.ModelInferResponse:
-            return _whole(*await self._infer(request, request.raw_input_contents, None, partial))
+            return _whole(
+                *await self._infer(request, request.raw_input_contents, None, partial, caller=caller)
+            )
 
         async for answer in stream.serve(requests, infer):
             yield answer
@@ -204,10 +220,13 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         raw: Sequence[Any],
         deadline_s: float | None,
         partial: Callable[[pb.ModelInferResponse], None] | None = None,
+        *,
+        caller: Any = None,
     ) -> tuple[pb.ModelInferResponse, list[Any]]:
         """Run one request (``raw``: its raw input entries); returns the response and its raw output
         entries apart (``_encode_response``). With ``partial`` (a stream), a decoupled model's answers
-        before its last go there, encoded, as they come."""
+        before its last go there, encoded, as they come. ``caller``: the trace context the request's
+        span is a child of (None: tracing off)."""
         if not request.model_name:
             raise InvalidArgument("model_name is empty; name the model to run")
         inputs = decode_inputs(request, self._shm, raw)
@@ -222,6 +241,7 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
                 send(_whole(*_encode_response(result, request_id, requested)))
 
         traced = trace.begin(self._tracer, request.model_name, request.model_version, request_id, inputs)
+        token = tracing.attach(caller) if caller is not None else None
         try:
             result = await self._dataplane.infer(
                 request.model_name,
@@ -240,6 +260,9 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         except BaseException:
             trace.end(traced)
             raise
+        finally:
+            if token is not None:
+                tracing.detach(token)
         trace.end(traced, result.outputs)
         return _encode_response(result, request_id, requested, into_shm, self._shm)
 

@@ -25,6 +25,8 @@ Invariants:
   region registered over either is usable from both; CUDA shared memory answers 503.
 - Request parameters are Triton's ("priority", "timeout" in microseconds, "routing_key", "sequence_id",
   "binary_data_output"), read by the same ``infer_options`` as gRPC.
+- With tracing on (``mcpcore.tracing``), an inference's W3C ``traceparent``/``tracestate`` headers are
+  the trace context its span is a child of; tracing off, they are not read.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from mcp_router.kserve import (
     trace_settings,
 )
 from mcp_router.shm import SharedMemory
-from mcpcore import dtypes
+from mcpcore import dtypes, tracing
 from mcpcore.errors import Internal, InvalidArgument, MCPError, http_status, log_unexpected
 
 __all__ = ["HEADER_LENGTH", "RestFrontEnd"]
@@ -139,6 +141,7 @@ class RestFrontEnd:
         self._dataplane = dataplane
         self._shm = shm if shm is not None else SharedMemory()
         self._tracer = tracer if tracer is not None else trace.Tracer()
+        self._tracing = tracing.enabled()  # OpenTelemetry, apart from TraceSetting's tracer
         self._version = version
         self._max_body = max_body_bytes
         self._runner: web.AppRunner | None = None
@@ -323,6 +326,7 @@ class RestFrontEnd:
         request_id = header.get("id", "")
         if not isinstance(request_id, str):
             raise InvalidArgument("id must be a string")
+        caller = tracing.attach(tracing.extract_headers(request.headers)) if self._tracing else None
         traced = trace.begin(self._tracer, model, version, request_id, inputs)
         try:
             result = await self._dataplane.infer(
@@ -341,6 +345,9 @@ class RestFrontEnd:
         except BaseException:
             trace.end(traced)
             raise
+        finally:
+            if caller is not None:
+                tracing.detach(caller)
         trace.end(traced, result.outputs)
         return _encode_result(result, request_id, outputs, binary_out, into_shm=into_shm, shm=self._shm)
 

@@ -25,6 +25,17 @@ recent requests), so they cannot amplify an outage; every retry is counted by re
 (unknown model or version, bad input, priority out of range) are ``NOT_FOUND``/``INVALID_ARGUMENT`` and
 are never counted toward breakers; metric labels only ever name models this router knows. Nothing here
 awaits etcd.
+
+Observability: while a request runs, its log fields are bound (``mcpcore.logs``): ``client_request_id``
+(the client's id), ``model``, ``request_id`` (this router's wire id, the one the worker logs), ``worker``
+(the one tried last) and, traced, ``trace_id``. With tracing on (``mcpcore.tracing``), each request is
+one server span ``router.infer``, a child of the current trace context (the caller's, which the front
+door attached) or a new trace, with attributes ``mcp.model``, ``mcp.version``, ``mcp.worker``,
+``mcp.status`` (the gRPC code's name; a fault of the mesh, not the client's, is an error span),
+``mcp.request_id`` (the wire id), ``mcp.client_request_id``, and a ``retry`` event per retry; its
+traceparent goes to the worker in the header (``wire.PARAM_TRACEPARENT``). Tracing off, the request path
+tests one attribute and makes no span. The Triton-style ``Trace`` (TraceSetting's file) is apart from
+this and unchanged.
 """
 
 from __future__ import annotations
@@ -32,8 +43,10 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+from opentelemetry import trace as otel
 
 from mcp_router import model_stats
 from mcp_router.dataplane import (
@@ -52,7 +65,7 @@ from mcp_router.split import SmoothWeightedRoundRobin, choose_version
 from mcp_router.stats import UNKNOWN, RequestStats
 from mcp_router.trace import Trace
 from mcpapi.v2 import tensor_pb2
-from mcpcore import signature, wire
+from mcpcore import logs, signature, tracing, wire
 from mcpcore.errors import (
     DeadlineExceeded,
     InvalidArgument,
@@ -144,6 +157,9 @@ class _Request:
     pin: Pin | None
     on_partial: Callable[[InferResult], None] | None
     trace: Trace | None
+    log: dict[str, str]  # its bound log fields: the worker tried goes in
+    span: Any = None  # its OpenTelemetry span, when traced
+    traceparent: str = ""  # the span's, for the worker
 
     def header(self, left_s: float) -> tensor_pb2.TensorHeader:
         header = tensor_pb2.TensorHeader(
@@ -153,7 +169,20 @@ class _Request:
         header.parameters.update(self.parameters)
         if self.features:
             header.parameters[wire.PARAM_FEATURES_OFF] = ",".join(self.features)
+        if self.traceparent:
+            header.parameters[wire.PARAM_TRACEPARENT] = self.traceparent
         return header
+
+
+def _end_span(span: Any, status: str, error: MCPError | None) -> None:
+    """A request's span ends with its status; a fault of the mesh (not the client's, not a cancel) is an
+    error span."""
+    span.set_attribute("mcp.status", status)
+    if error is not None and error_class(error) != "client":
+        span.set_status(otel.Status(otel.StatusCode.ERROR, error.message))
+    elif status == "INTERNAL":
+        span.set_status(otel.Status(otel.StatusCode.ERROR, "internal error"))
+    span.end()
 
 
 def _not_loaded(model: str) -> NotFound:
@@ -187,6 +216,7 @@ class Router(DataPlane):
         self._scheduler_load = scheduler_load
         self._scheduler_unload = scheduler_unload
         self._sequences = Sequences()
+        self._tracer = tracing.tracer(__name__)  # None: tracing is off (resolved once, not per request)
 
     # -- health and metadata ---------------------------------------------------------------------------
     def live(self) -> bool:
@@ -377,11 +407,19 @@ class Router(DataPlane):
         on_partial: Callable[[InferResult], None] | None = None,
         trace: Trace | None = None,
     ) -> InferResult:
-        """``request_id`` is the client's: only echoed by the front ends, never put on the wire."""
+        """``request_id`` is the client's: only echoed by the front ends and logged, never put on the wire.
+        Traced, the request's span is a child of the current trace context (the module's docstring)."""
         started = time.perf_counter()
         self._budget.earn()
         route = self._snap.table.models.get(model)
         label = model if route is not None else UNKNOWN  # only names of models that exist
+        fields, token = logs.bind(client_request_id=request_id, model=model)
+        span = None
+        if self._tracer is not None:
+            attributes = {"mcp.model": model, "mcp.client_request_id": request_id}
+            span = self._tracer.start_span("router.infer", kind=otel.SpanKind.SERVER, attributes=attributes)
+            fields["trace_id"] = format(span.get_span_context().trace_id, "032x")
+        status, failure = "CANCELLED", None  # unless it is answered or fails
         try:
             if route is None:
                 raise _not_loaded(model)
@@ -409,6 +447,8 @@ class Router(DataPlane):
                 sequence=sequence,
                 on_partial=on_partial,
                 trace=trace,
+                log=fields,
+                span=span,
             )
             if sequence is None:
                 result = await run
@@ -417,10 +457,21 @@ class Router(DataPlane):
                     result = await run
             if outputs and result.outputs:  # a decoupled model's last reply may hold none
                 result = _select(route, result, outputs)
+            status = "OK"
+            if span is not None:
+                span.set_attribute("mcp.version", result.version)  # the worker's answer names it
         except MCPError as err:
+            status, failure = err.code.name, err
             shown = version if route is not None and route.knows(version) else (UNKNOWN if version else "")
             self._stats.record(label, shown, error_class(err), time.perf_counter() - started, err.code.name)
             raise
+        except Exception:
+            status = "INTERNAL"  # what the front door answers
+            raise
+        finally:
+            logs.reset(token)
+            if span is not None:
+                _end_span(span, status, failure)
         self._stats.record(model, result.version, None, time.perf_counter() - started, "OK")
         return result
 
@@ -438,6 +489,8 @@ class Router(DataPlane):
         sequence: SequenceFlags | None,
         on_partial: Callable[[InferResult], None] | None,
         trace: Trace | None,
+        log: dict[str, str],
+        span: Any,
     ) -> InferResult:
         model = route.name
         pin = None
@@ -459,14 +512,17 @@ class Router(DataPlane):
             )
         attempts = _Attempts(time.monotonic() + (timeout_s or self._timeout))
         rid = self._fwd.new_id()
+        log["request_id"] = rid
         key = routing_key or rid
         nbytes = sum(a.nbytes for a in inputs.values())
         features = self._snap.table.features_off if flags & FLAG_SECONDARY_OFF else ()
         req = _Request(
             model, chosen, key, rid, inputs, priority=priority, flags=flags, features=features,
             nbytes=nbytes, parameters=parameters, sequence=sequence, pin=pin, on_partial=on_partial,
-            trace=trace,
+            trace=trace, log=log, span=span, traceparent="" if span is None else tracing.traceparent(span),
         )  # fmt: skip
+        if span is not None:
+            span.set_attributes({"mcp.version": chosen, "mcp.request_id": rid})
         try:
             return await self._attempt(route, req, attempts)
         finally:
@@ -492,6 +548,11 @@ class Router(DataPlane):
                 raise attempts.final(DeadlineExceeded(f"request to {model}/{chosen} ran out of time"))
             if attempts.again:
                 self._stats.retried(attempts.again)
+            req.log["worker"] = worker
+            if req.span is not None:
+                req.span.set_attribute("mcp.worker", worker)
+                if attempts.again:
+                    req.span.add_event("retry", {"reason": attempts.again, "mcp.worker": worker})
             partial = None
             if req.on_partial is not None:
                 partial = self._partial(model, chosen, worker, attempts, req.on_partial)

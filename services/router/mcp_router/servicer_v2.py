@@ -1,4 +1,8 @@
-"""``mcpapi.v2.Inference`` and ``mcpapi.v1.Inference``: thin adapters over the DataPlane (v1 adds nothing)."""
+"""``mcpapi.v2.Inference`` and ``mcpapi.v1.Inference``: thin adapters over the DataPlane (v1 adds nothing).
+
+With tracing on (``mcpcore.tracing``), a v2 Infer call's W3C ``traceparent``/``tracestate`` metadata is
+the trace context its span is a child of.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from mcpapi.v1 import inference_pb2 as v1
 from mcpapi.v1 import inference_pb2_grpc as v1_grpc
 from mcpapi.v2 import inference_pb2 as v2
 from mcpapi.v2 import inference_pb2_grpc as v2_grpc
-from mcpcore import dtypes
+from mcpcore import dtypes, tracing
 from mcpcore.errors import InvalidArgument
 
 __all__ = ["InferenceV1", "InferenceV2", "to_arrays"]
@@ -44,6 +48,7 @@ def _bytes(arr: np.ndarray) -> bytes:
 class InferenceV2(v2_grpc.InferenceServicer):
     def __init__(self, plane: DataPlane) -> None:
         self._p = plane
+        self._tracing = tracing.enabled()
 
     async def Route(self, request, context):  # type: ignore[no-untyped-def]
         d = self._p.route(request.model, request.version, request.routing_key)
@@ -63,16 +68,23 @@ class InferenceV2(v2_grpc.InferenceServicer):
         inputs = to_arrays((t.name, dtypes.name_of(t.dtype), tuple(t.shape), t.data) for t in request.inputs)
         left = context.time_remaining()
         timeout = request.timeout_us / 1e6 if request.timeout_us else left
-        result = await self._p.infer(
-            request.model,
-            request.version,
-            request.request_id,
-            inputs,
-            routing_key=request.routing_key,
-            priority=request.priority,
-            timeout_s=timeout,
-            outputs=tuple(request.outputs),
-        )
+        caller = None
+        if self._tracing:
+            caller = tracing.attach(tracing.extract_metadata(context.invocation_metadata()))
+        try:
+            result = await self._p.infer(
+                request.model,
+                request.version,
+                request.request_id,
+                inputs,
+                routing_key=request.routing_key,
+                priority=request.priority,
+                timeout_s=timeout,
+                outputs=tuple(request.outputs),
+            )
+        finally:
+            if caller is not None:
+                tracing.detach(caller)
         return v2.InferResponse(
             model=result.model,
             version=result.version,
