@@ -26,6 +26,16 @@ Invariants:
 
 Metrics stay decoupled: ``metrics`` is any object shaped like ``BatchMetrics`` (the worker passes its
 prometheus metrics); a missing attribute is skipped.
+
+Tracing (on only with ``mcpcore.tracing`` set up): a request queued under a sampled trace context (the
+tensor server attaches the router's, ``wire.PARAM_TRACEPARENT``) keeps that context and its queueing
+time; nothing else is kept. Each such request gets a ``queue`` span (queued to its batch's start, or to
+its expiry or failure, then an error), a child of the router's span; its batch gets one ``batch`` span
+(attributes ``mcp.batch.size``, ``mcp.batch.rows``, ``mcp.model``), a child of the batch's first traced
+request and linked to every traced request of the batch (each ``queue`` span links back to it), and
+under it a ``compute`` span: the backend call, timed on the executor thread. Spans are made on the event
+loop only; a batch with no traced request makes none. A batch runs with its log fields bound (model,
+its requests' ids, the first traced one's trace id), on the executor thread too.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
 import itertools
 import logging
 import time
@@ -47,6 +58,7 @@ from mcp_worker.batch_policy import BatchConfig, BatchPolicy, Request
 from mcp_worker.buffers import BatchBuffers
 from mcp_worker.sharing import ModelShare, StrideScheduler, calculate_weights
 from mcp_worker.totals import Phases, Totals
+from mcpcore import logs, tracing
 from mcpcore.errors import (
     DeadlineExceeded,
     Internal,
@@ -148,6 +160,8 @@ class _Pending(Request):
     skip: frozenset[str] = frozenset()
     parameters: Mapping[str, str] | None = None
     emit: Callable[[Tensors], None] | None = None
+    parent: Any = None  # the sampled trace context it came under (a SpanContext), when traced
+    queued_ns: int = 0  # wall clock, when traced
 
 
 def _answer(req: _Pending, result: Tensors | BaseException) -> None:
@@ -190,6 +204,8 @@ class ModelQueue:
         metrics: _BoundMetrics,
     ) -> None:
         self.key, self.config, self.share = key, config, share
+        model, slash, version = key.rpartition("/")
+        self.model, self.version = (model, version) if slash else (key, "")
         self.policy = BatchPolicy.for_config(config)
         self.closing = False  # being removed: admits nothing more
         self.drained = asyncio.Event()  # set while nothing is queued or running
@@ -269,6 +285,7 @@ class ModelQueue:
         clock = self._dispatcher.clock
         now = clock()
         totals = self.totals
+        parent = tracing.sampled_parent() if self._dispatcher.tracer is not None else None
 
         def counted(result: Tensors | BaseException) -> None:
             totals.answered(not isinstance(result, BaseException), clock() - now)
@@ -287,6 +304,8 @@ class ModelQueue:
             skip=skip,
             parameters=parameters,
             emit=emit,
+            parent=parent,
+            queued_ns=time.time_ns() if parent is not None else 0,
         )
         self.policy.push(req)
         self._requests_total += 1
@@ -391,6 +410,8 @@ class ModelQueue:
             waited, limit = _ms(now - req.arrival), _ms(req.timeout_s or 0.0)
             where = f"in the queue of {self.key}, over its {limit} timeout; it did not run"
             _answer(req, not_started(DeadlineExceeded(f"request {req.request_id} waited {waited} {where}")))
+        if expired:
+            self._queue_spans(cast(list[_Pending], expired), "its deadline passed in the queue")
         self._metrics.count_dropped(len(expired))
         self._left()
 
@@ -400,8 +421,39 @@ class ModelQueue:
         reqs = cast(list[_Pending], self.policy.clear())
         for req in reqs:
             _answer(req, error)
+        self._queue_spans(reqs, error.message)
         self._left()
         return [r.request_id for r in reqs]
+
+    def _queue_spans(self, reqs: list[_Pending], error: str = "", batch: Any = None) -> None:
+        """The traced requests' ``queue`` spans, ending now (``batch``: the span of the batch they start)."""
+        tracer = self._dispatcher.tracer
+        if tracer is None:
+            return
+        now = time.time_ns()
+        links = () if batch is None else (batch.get_span_context(),)
+        for req in reqs:
+            if req.parent is not None:
+                attributes = {"mcp.request_id": req.request_id}
+                tracing.record(
+                    tracer, "queue", req.parent, req.queued_ns, now, attributes=attributes, links=links,
+                    error=error,
+                )  # fmt: skip
+
+    def batch_span(self, batch: list[_Pending]) -> Any:
+        """A starting batch's span, and its traced requests' queue spans (None: none of them is traced)."""
+        tracer = self._dispatcher.tracer
+        parents = [r.parent for r in batch if r.parent is not None] if tracer is not None else []
+        if not parents:
+            return None
+        assert tracer is not None
+        attributes = {
+            "mcp.model": self.model, "mcp.version": self.version, "mcp.batch.size": len(batch),
+            "mcp.batch.rows": sum(r.rows for r in batch),
+        }  # fmt: skip
+        span = tracing.start_batch(tracer, "batch", parents, time.time_ns(), attributes=attributes)
+        self._queue_spans(batch, batch=span)
+        return span
 
     def begin(self, batch: list[_Pending], now: float) -> float:
         """Account a batch that starts; returns its mean queue time."""
@@ -418,9 +470,11 @@ class ModelQueue:
         self._recent.append((len(batch), sum(r.rows for r in batch), exec_s, queue_s))
         self._left()
 
-    def work(self, batch: list[_Pending]) -> tuple[list[Tensors], Phases]:
+    def work(self, batch: list[_Pending]) -> tuple[list[Tensors], Phases, int]:
         """Runs in the executor: concatenate along axis 0, run, split the outputs back by rows; returns
-        each request's outputs and the time of each phase (accounted on the loop, ``executed``)."""
+        each request's outputs, the time of each phase (accounted on the loop, ``executed``) and the wall
+        clock (ns) it began at."""
+        began = time.time_ns()
         started = time.perf_counter_ns()
         marks: list[int] = []
         first = batch[0]  # a batch shares these (they are part of the shape key)
@@ -442,7 +496,7 @@ class ModelQueue:
         results = self._assemble_run_split(batch, run)
         done = time.perf_counter_ns()
         ran, finished = (marks[0], marks[1]) if len(marks) == 2 else (done, done)
-        return results, Phases(ran - started, finished - ran, done - finished)
+        return results, Phases(ran - started, finished - ran, done - finished), began
 
     def executed(self, batch: list[_Pending], phases: Phases) -> None:
         """A batch ran (on the loop, after ``work``): its totals."""
@@ -513,6 +567,7 @@ class Dispatcher:
         self.slots, self.clock = slots, clock
         self.buffers = buffers  # pool-backed batch assembly (None: numpy)
         self.on_execute = on_execute
+        self.tracer = tracing.tracer(__name__)  # None: tracing is off (resolved once, not per request)
         self._own_executor = executor is None
         self._executor = executor or concurrent.futures.ThreadPoolExecutor(slots, "mcp-batch")
         self._load_probe, self._metrics = load_probe, metrics
@@ -593,7 +648,10 @@ class Dispatcher:
                 loop = asyncio.get_running_loop()
             except RuntimeError:  # no loop yet: the first submit starts the dispatcher
                 return
-            self._serve_task = loop.create_task(self._serve(), name="mcp-batching")
+            # its own context: not that of the request whose submit started it (its log fields, its trace)
+            self._serve_task = loop.create_task(
+                self._serve(), name="mcp-batching", context=contextvars.Context()
+            )
         self._wake.set()
 
     # --- the dispatcher task --------------------------------------------------------------------------
@@ -655,22 +713,32 @@ class Dispatcher:
         batch_id = next(self._batch_ids)
         self._running[batch_id] = batch
         queue_s = queue.begin(batch, now)
-        task = asyncio.get_running_loop().create_task(self._execute(batch_id, queue, batch, queue_s))
+        span = queue.batch_span(batch) if self.tracer is not None else None
+        task = asyncio.get_running_loop().create_task(self._execute(batch_id, queue, batch, queue_s, span))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _execute(self, batch_id: int, queue: ModelQueue, batch: list[_Pending], queue_s: float) -> None:
+    async def _execute(
+        self, batch_id: int, queue: ModelQueue, batch: list[_Pending], queue_s: float, span: Any
+    ) -> None:
         started = time.perf_counter()
+        trace_id = format(span.get_span_context().trace_id, "032x") if span is not None else ""
+        # this task's own context: what the batch logs, here and on the executor thread, names it
+        logs.bind(model=queue.model, request_id=",".join(r.request_id for r in batch), trace_id=trace_id)
         try:
-            results, phases = await asyncio.get_running_loop().run_in_executor(
-                self._executor, queue.work, batch
+            results, phases, began = await asyncio.get_running_loop().run_in_executor(
+                self._executor, contextvars.copy_context().run, queue.work, batch
             )
         except asyncio.CancelledError:
+            if span is not None:
+                tracing.end(span, "cancelled: the worker is stopping")
             for req in batch:
                 _answer(req, Unavailable(f"worker shutting down while running {queue.key}; retry"))
             raise
         except Exception as exc:
             error = queue.batch_error(exc, len(batch))
+            if span is not None:
+                tracing.end(span, error.message)
             for req in batch:
                 _answer(req, error)
             return
@@ -681,6 +749,17 @@ class Dispatcher:
             self.last_active = time.time()
             self._wake.set()
         queue.executed(batch, phases)
+        if span is not None and self.tracer is not None:
+            ran = began + phases.input_ns
+            tracing.record(
+                self.tracer,
+                "compute",
+                span,
+                ran,
+                ran + phases.infer_ns,
+                attributes={"mcp.model": queue.model},
+            )
+            tracing.end(span)
         await _answer_spread(batch, results)
 
 

@@ -38,11 +38,17 @@ Invariants:
   often none, or its error) goes without it; the ticket is held until that last one is sent.
 - ZMTP heartbeats detect a peer that vanished or froze; with a CURVE secret key configured, only peers
   that know the server's public key can connect.
+- While a request is admitted and started (synchronously, no task of its own), its log fields are bound
+  (``mcpcore.logs``: request_id, model, trace_id from ``wire.PARAM_TRACEPARENT``) and, with tracing on,
+  the trace context that parameter names is attached: what runs then logs them, the queue records the
+  context with the request (``mcp_worker.batching``), and a request run as a task inherits both. The
+  loop's own callbacks (looks, flushes) run in a fresh context, so no request's fields outlive it there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -55,7 +61,7 @@ import zmq
 
 from mcp_worker.admission import Admission, Ticket
 from mcpapi.v2 import tensor_pb2
-from mcpcore import wire
+from mcpcore import logs, tracing, wire
 from mcpcore.errors import Internal, InvalidArgument, MCPError, ResourceExhausted, Unavailable, not_started
 
 __all__ = ["Done", "Handler", "Starter", "TensorServer", "load_curve_secret"]
@@ -143,6 +149,7 @@ class TensorServer:
         self._flush_scheduled = False
         self._idle = asyncio.Event()
         self._idle.set()
+        self._tracing = tracing.enabled()  # resolved once: off, a request costs no trace work here
         self.endpoint = ""
         self.draining = False
         self.last_request = 0.0  # monotonic time of the last message received
@@ -221,7 +228,7 @@ class TensorServer:
         """Run ``_readable`` once more soon (at most one pending): the descriptor may not signal again."""
         if not self._look_scheduled and self._loop is not None:
             self._look_scheduled = True
-            self._loop.call_soon(self._readable)
+            self._loop.call_soon(self._readable, context=contextvars.Context())
 
     def _readable(self) -> None:
         self._look_scheduled = False
@@ -253,8 +260,7 @@ class TensorServer:
             else:
                 self._on_message(0)
                 coalesced = bool(header.flags & wire.FLAG_TAKES_COALESCED)  # its reply may join others
-                if (ticket := self._admit(identity, header, coalesced=coalesced)) is not None:
-                    self._begin(identity, header, frames[2:], ticket, coalesced=coalesced)
+                self._take_one(identity, header, frames[2:], coalesced=coalesced)
         except Exception:
             log.exception("receive failed; the server goes on")
             self._on_error("zmq_receive")
@@ -268,9 +274,24 @@ class TensorServer:
                 self._refuse(identity, header, error, retryable=False, coalesced=True)
             return
         for header, tensors in parts:
-            ticket = self._admit(identity, header, coalesced=True)
-            if ticket is not None:
-                self._begin(identity, header, tensors, ticket, coalesced=True)
+            self._take_one(identity, header, tensors, coalesced=True)
+
+    def _take_one(
+        self, identity: Any, header: tensor_pb2.TensorHeader, frames: Sequence[Any], *, coalesced: bool
+    ) -> None:
+        """Admit and start one request, its log fields bound and (tracing on) its trace context attached
+        meanwhile (the module's docstring)."""
+        traceparent = header.parameters.get(wire.PARAM_TRACEPARENT, "")
+        trace_id = traceparent[3:35] if len(traceparent) == 55 else ""  # W3C: 00-<trace id>-<span id>-<flags>
+        _, token = logs.bind(request_id=header.request_id, model=header.model, trace_id=trace_id)
+        caller = tracing.attach(tracing.from_traceparent(traceparent)) if self._tracing else None
+        try:
+            if (ticket := self._admit(identity, header, coalesced=coalesced)) is not None:
+                self._begin(identity, header, frames, ticket, coalesced=coalesced)
+        finally:
+            if caller is not None:
+                tracing.detach(caller)
+            logs.reset(token)
 
     def _spawn(
         self, identity: Any, header: tensor_pb2.TensorHeader, frames: Sequence[Any], ticket: Ticket
@@ -435,7 +456,7 @@ class TensorServer:
             queued[1].append(frames)
         if not self._flush_scheduled and self._loop is not None:
             self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+            self._loop.call_soon(self._flush, context=contextvars.Context())
 
     def _flush(self) -> None:
         """Send each peer's coalesced replies of the last iteration, as few messages as the limits allow."""
