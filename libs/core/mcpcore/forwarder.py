@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import itertools
 import logging
 import time
@@ -339,8 +340,8 @@ class Forwarder:
             if not link.flush_scheduled:
                 link.flush_scheduled = True
                 self._to_flush.append(link)
-                if len(self._to_flush) == 1:
-                    loop.call_soon(self._flush)
+                if len(self._to_flush) == 1:  # in a fresh context: no request's log fields
+                    loop.call_soon(self._flush, context=contextvars.Context())
         try:
             async with asyncio.timeout(timeout_s):
                 return await future
@@ -444,7 +445,7 @@ class Forwarder:
         """Run ``_readable`` for ``link`` once more soon (at most one pending)."""
         if not link.look_scheduled and self._loop is not None:
             link.look_scheduled = True
-            self._loop.call_soon(self._readable, link)
+            self._loop.call_soon(self._readable, link, context=contextvars.Context())
 
     def _readable(self, link: _Link) -> None:
         link.look_scheduled = False
