@@ -23,12 +23,22 @@ How a service defines its metrics (once, in one class)::
     server, port = start_metrics_server(9110, registry=metrics.registry)
     ...
     server.stop()
+
+A service may serve JSON documents beside ``/metrics`` (the router's ``/debug/snapshot``)::
+
+    start_metrics_server(9101, registry=..., routes={"/debug/snapshot": lambda: {"models": ...}})
+
+A route's callable runs on one of the HTTP server's threads, not on the service's event loop: it must only
+read state that is swapped whole (an immutable snapshot) and copy mutable dicts before iterating them.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import re
 import threading
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +49,7 @@ __all__ = [
     "LAG_BUCKETS",
     "STANDARD",
     "CommonMetrics",
+    "JsonRoute",
     "MetricSpec",
     "Metrics",
     "MetricsServer",
@@ -56,6 +67,12 @@ BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 _NAME = re.compile(r"mcp_[a-z][a-z0-9_]*[a-z0-9]")
+
+log = logging.getLogger(__name__)
+
+#: A JSON route: called per GET, returns the document to serve (JSON-serialisable).
+JsonRoute = Callable[[], Mapping[str, Any]]
+GENERIC_ERROR = "internal error; the server log has the details"
 
 
 @dataclass(frozen=True)
@@ -222,15 +239,57 @@ class MetricsServer:
 
 
 def start_metrics_server(
-    port: int, host: str = "127.0.0.1", registry: CollectorRegistry | None = None
+    port: int,
+    host: str = "127.0.0.1",
+    registry: CollectorRegistry | None = None,
+    *,
+    routes: Mapping[str, JsonRoute] | None = None,
 ) -> tuple[MetricsServer, int]:
-    """Serve ``registry`` (default: prometheus_client's global one) on ``http://host:port/metrics``.
+    """Serve ``registry`` (default: prometheus_client's global one) on ``http://host:port/metrics``, and
+    each of ``routes`` (path -> callable) as ``application/json``; every other path is the metrics, as
+    prometheus_client serves them.
 
     Port 0 picks a free port; the second item is the port actually bound (DESIGN §13: router 9101,
     scheduler 9102, health 9103, workers 9110+). Call ``server.stop()`` to close it.
     """
+    table = dict(routes or {})
+    for path in table:
+        if not path.startswith("/") or path == "/metrics":
+            raise ValueError(f"metrics server route {path!r}: must start with '/' and not be /metrics")
     httpd, thread = start_http_server(
         port, addr=host, registry=registry if registry is not None else REGISTRY
     )
+    if table:
+        # The server thread already runs; it reads the app per request, so from here on every request
+        # sees the routes. Only a request sent before this function returns (to a port the caller has
+        # not even been told about yet, for port 0) could get the metrics at a route's path.
+        httpd.set_app(_with_routes(httpd.get_app(), table))
     server = MetricsServer(httpd, thread)
     return server, server.port
+
+
+def _with_routes(app: Callable[..., Iterable[bytes]], routes: Mapping[str, JsonRoute]) -> Any:
+    """A WSGI app serving ``routes`` as JSON and handing every other path to ``app``."""
+
+    def routed(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        route = routes.get(path)
+        if route is None:
+            return app(environ, start_response)
+        if environ.get("REQUEST_METHOD") != "GET":
+            return _json_reply(start_response, "405 Method Not Allowed", {"error": f"{path}: GET only"})
+        try:
+            body = json.dumps(dict(route())).encode()
+        except Exception:  # a broken route must not take the metrics server down with it
+            log.exception("metrics server: route %s failed", path)
+            return _json_reply(start_response, "500 Internal Server Error", {"error": GENERIC_ERROR})
+        return _json_reply(start_response, "200 OK", body)
+
+    return routed
+
+
+def _json_reply(start_response: Callable[..., Any], status: str, body: bytes | dict[str, str]) -> list[bytes]:
+    if isinstance(body, dict):
+        body = json.dumps(body).encode()
+    start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+    return [body]
