@@ -20,6 +20,7 @@ import grpc.aio
 from prometheus_client import CollectorRegistry
 
 from mcp_router.config import RouterConfig
+from mcp_router.debug import snapshot_doc
 from mcp_router.kserve import KServeServicer
 from mcp_router.rest import RestFrontEnd
 from mcp_router.router import RetryBudget, Router
@@ -131,7 +132,13 @@ class RouterServer:
         cfg = self.config
         self._lag.start()
         self._metrics_server, metrics_port = start_metrics_server(
-            cfg.metrics_port, cfg.metrics_host, registry=self.metrics.registry
+            cfg.metrics_port,
+            cfg.metrics_host,
+            registry=self.metrics.registry,
+            # runs on the HTTP server's thread: reads the table swapped whole, and the forwarder's counters
+            routes={
+                "/debug/snapshot": lambda: snapshot_doc(self.snapshots.table, self.forwarder, cfg.router_id),
+            },
         )
         self.grpc.add(v1_grpc.add_InferenceServicer_to_server, InferenceV1(self.router))
         self.grpc.add(v2_grpc.add_InferenceServicer_to_server, InferenceV2(self.router))
