@@ -1,255 +1,368 @@
-"""``mcpctl`` cluster commands: status, load, unload, traffic, breaker, drain, undrain, route, infer.
+"""``mcpctl`` control-plane commands, over the scheduler's ``mcpapi.v2.ModelControl`` and the health
+service's ``Health``: status, list, load, unload, pause, resume, traffic, breaker, drain, undrain.
 
-Each talks to the services over their public gRPC contracts (scheduler, router, health); addresses default
-to DESIGN.md section 13's and can be changed with ``--scheduler``, ``--router``, ``--health`` or the
-``MCP_SCHEDULER``, ``MCP_ROUTER``, ``MCP_HEALTH`` variables. gRPC errors become ``MCPError``s, which
-``mcpctl`` prints as one line.
+Each command makes its request, prints the result (``views``: a table, or one JSON document with
+``-o json``) and raises on failure; ``mcpctl.main`` prints the one-line error and picks the exit code.
+``status_table`` is the status as text, for ``python -m mcpclient.launcher`` (``make up``).
 """
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import json
 import os
+import sys
 import time
 from typing import Any
 
-import grpc
-import numpy as np
+import click
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.text import Text
 
-from mcpapi.v2 import (
-    control_pb2,
-    control_pb2_grpc,
-    health_pb2,
-    health_pb2_grpc,
-    inference_pb2,
-    inference_pb2_grpc,
-    model_pb2,
-)
-from mcpcore import dtypes
-from mcpcore.errors import from_rpc_error
+from mcpapi.v2 import control_pb2, health_pb2, model_pb2
+from mcpclient.ctlkit import Ctl, connects, output_option, pass_ctl, render_text, write_renderables
+from mcpclient.load_progress import load_and_wait
+from mcpclient.views import breaker_doc, model_doc, models_table, summary_table, worker_doc, workers_table
+from mcpcore.errors import MCPError
 
-__all__ = ["COMMANDS", "status_table"]
+__all__ = ["COMMANDS", "status_doc", "status_table"]
 
-TIMEOUT_S = 60.0
+LOAD_TIMEOUT_S = 60.0
 
 
-def _addresses(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scheduler", default=os.environ.get("MCP_SCHEDULER", "127.0.0.1:50051"))
-    p.add_argument("--router", default=os.environ.get("MCP_ROUTER", "127.0.0.1:8001"))
-    p.add_argument("--health", default=os.environ.get("MCP_HEALTH", "127.0.0.1:50053"))
-
-
-def _call(method: Any, request: Any, timeout: float = TIMEOUT_S) -> Any:
+# --- status, list ------------------------------------------------------------------------------------------
+def status_doc(ctl: Ctl) -> dict[str, Any]:
+    """Every model (scheduler), then every worker (health service); a health service that does not answer
+    leaves ``workers`` null and says why in ``health_error`` (the models are still worth showing)."""
+    models = ctl.call("scheduler", "ListModels", control_pb2.ListModelsRequest(), timeout=10).models
+    doc: dict[str, Any] = {"models": [model_doc(m) for m in models], "workers": None, "health_error": ""}
     try:
-        return method(request, timeout=timeout)
-    except grpc.RpcError as err:
-        raise from_rpc_error(err) from None
+        report = ctl.call("health", "ClusterHealth", health_pb2.ClusterHealthRequest(), timeout=5)
+    except MCPError as err:
+        doc["health_error"] = f"health service at {ctl.health} did not answer ({err.code.name})"
+    else:
+        doc["workers"] = [worker_doc(w) for w in report.workers]
+    return doc
 
 
-def _control(args: argparse.Namespace) -> control_pb2_grpc.ModelControlStub:
-    return control_pb2_grpc.ModelControlStub(grpc.insecure_channel(args.scheduler))
+def _status_view(doc: dict[str, Any]) -> list[RenderableType]:
+    if doc["workers"] is None:
+        tail: RenderableType = Text(f"({doc['health_error']})")
+    else:
+        tail = workers_table(doc["workers"])
+    return [models_table(doc["models"]), Text(""), tail]
 
 
-# --- status ------------------------------------------------------------------------------------------------
-def status_table(scheduler: str, health: str | None) -> str:
-    """Models, replicas, states and breaker levels; then workers (from the health service, if it answers)."""
-    stub = control_pb2_grpc.ModelControlStub(grpc.insecure_channel(scheduler))
-    models = _call(stub.ListModels, control_pb2.ListModelsRequest(), 10).models
-    lines = [f"{'MODEL':<16}{'VERSION':<9}{'WORKER':<22}{'STATE':<11}{'BREAKER':<9}TRAFFIC / PENDING"]
-    for m in models:
-        canary = f" +{m.traffic.canary}@{m.traffic.canary_percent}%" if m.traffic.canary else ""
-        split = m.traffic.stable + canary
-        note = split + (f"  ({m.pending})" if m.pending else "")
-        for r in m.replicas or [model_pb2.ReplicaStatus(model=m.model)]:
-            state = model_pb2.ModelState.Name(r.state) if r.worker_id else "-"
-            where = f"{m.model:<16}{r.version or '-':<9}{r.worker_id or '-':<22}"
-            why = f"{state.lower()}: {r.reason}" if r.worker_id and state != "RUNNING" and r.reason else ""
-            lines.append(f"{where}{state:<11}{m.breaker.level:<9}{'  '.join(x for x in (note, why) if x)}")
-            note = ""
-    if health:
-        try:
-            report = health_pb2_grpc.HealthStub(grpc.insecure_channel(health)).ClusterHealth(
-                health_pb2.ClusterHealthRequest(), timeout=5
-            )
-        except grpc.RpcError:
-            lines.append(f"(health service at {health} did not answer)")
-        else:
-            lines.append("")
-            lines.append(f"{'WORKER':<22}{'ALIVE':<7}{'HEARTBEAT AGE':<15}{'REPLICAS':<10}{'QUEUE':<7}NOTE")
-            for w in report.workers:
-                age = w.heartbeat_age_ms / 1000
-                note = f"drained: {w.drained}" if w.drained else "stopping (SIGTERM)" if w.stopping else ""
-                lines.append(
-                    f"{w.worker_id:<22}{str(w.alive).lower():<7}{age:<15.1f}{w.replicas:<10}{w.queue_depth:<7}{note}"
-                )
-    return "\n".join(lines)
+def status_table(scheduler: str, health: str) -> str:
+    """The status as plain text (models, then workers), for the launcher's closing lines."""
+    ctl = Ctl(scheduler=scheduler, router="", health=health, etcd="")
+    try:
+        return render_text(_status_view(status_doc(ctl)))
+    finally:
+        ctl.close()
 
 
-def _add_status(sub: Any) -> None:
-    p = sub.add_parser("status", help="models, replicas, states, breakers and workers")
-    _addresses(p)
-    p.set_defaults(func=lambda a: print(status_table(a.scheduler, a.health)) or 0)
+@click.command(name="status")
+@click.option(
+    "--watch",
+    type=click.FloatRange(min=0.1),
+    is_flag=False,
+    flag_value=2.0,
+    default=None,
+    metavar="[SECONDS]",
+    help="redraw every SECONDS (default 2) until Ctrl-C; with -o json, one document per line per refresh",
+)
+@connects("scheduler", "health")
+@output_option
+@pass_ctl
+def status_cmd(ctl: Ctl, watch: float | None) -> None:
+    """Models, versions, replicas, states, breakers and traffic; then workers (from the health service)."""
+    if watch is None:
+        doc = status_doc(ctl)
+        ctl.emit(doc, lambda: _status_view(doc))
+        return
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a watch ends: a success
+        _watch(ctl, watch)
 
 
-# --- load / unload -----------------------------------------------------------------------------------------
-def cmd_load(args: argparse.Namespace) -> int:
+def _frame(ctl: Ctl) -> tuple[dict[str, Any], list[RenderableType]]:
+    try:
+        doc = status_doc(ctl)
+    except MCPError as err:  # the scheduler may come back: keep watching, say so
+        doc = {"error": err.message}
+        return doc, [Text(f"(no status: {err.message})")]
+    return doc, _status_view(doc)
+
+
+def _watch(ctl: Ctl, interval: float) -> None:
+    console = Console(file=sys.stdout)
+    if ctl.json or not console.is_terminal:  # a pipe or file: one frame after the other
+        while True:
+            doc, view = _frame(ctl)
+            if ctl.json:
+                click.echo(json.dumps({**doc, "at": time.time()}))
+            else:
+                write_renderables([*view, Text("")])
+            sys.stdout.flush()
+            time.sleep(interval)  # the refresh period the operator asked for
+
+    def screen() -> Group:
+        header = Text(f"every {interval:g}s, Ctrl-C to stop    {time.strftime('%H:%M:%S')}", style="dim")
+        return Group(header, *_frame(ctl)[1])
+
+    with Live(screen(), console=console, auto_refresh=False) as live:
+        while True:
+            time.sleep(interval)
+            live.update(screen(), refresh=True)
+
+
+@click.command(name="list")
+@connects("scheduler")
+@output_option
+@pass_ctl
+def list_cmd(ctl: Ctl) -> None:
+    """The models only: one row each (state, versions, replicas RUNNING of wanted, traffic, breaker)."""
+    models = ctl.call("scheduler", "ListModels", control_pb2.ListModelsRequest(), timeout=10).models
+    docs = [model_doc(m) for m in models]
+    ctl.emit({"models": docs}, lambda: summary_table(docs))
+
+
+# --- load, unload, pause, resume ---------------------------------------------------------------------------
+@click.command(name="load")
+@click.argument("model")
+@click.option("--version", "versions", multiple=True, metavar="V", help="a version; repeat for several [1]")
+@click.option("--replicas", type=click.IntRange(min=0), default=1, show_default=True, help="per version")
+@click.option("--max-replicas", type=click.IntRange(min=0), default=0, help="autoscaling ceiling")
+@click.option("--priority", type=click.IntRange(min=0), default=0, help="placement priority")
+@click.option("--memory-bytes", type=click.IntRange(min=0), default=0, help="memory each replica needs")
+@click.option("--fallback", default="", metavar="V", help="the version breaker level 3 falls back to")
+@click.option("--on-demand", is_flag=True, help="load only when a request asks for it")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=LOAD_TIMEOUT_S,
+    show_default=True,
+    help="seconds to wait for RUNNING (exit 4 after that; the load goes on)",
+)
+@connects("scheduler")
+@output_option
+@pass_ctl
+def load_cmd(ctl: Ctl, model: str, versions: tuple[str, ...], timeout: float, **opts: Any) -> None:
+    """Load a model and show its progress until every wanted replica is RUNNING."""
     spec = model_pb2.ModelSpec(
-        model=args.model, versions=args.version, replicas=args.replicas, max_replicas=args.max_replicas,
-        priority=args.priority, fallback_version=args.fallback or "", load_on_demand=args.on_demand,
-        placement=model_pb2.PlacementConstraints(memory_bytes=args.memory_bytes),
-    )  # fmt: skip
-    status = _call(_control(args).LoadModel, control_pb2.LoadModelRequest(spec=spec), args.timeout).status
-    running = sum(1 for r in status.replicas if r.state == model_pb2.RUNNING)
-    print(f"{args.model}: {running} replica(s) RUNNING" + (f" ({status.pending})" if status.pending else ""))
-    return 0
+        model=model,
+        versions=list(versions) or ["1"],
+        replicas=opts["replicas"],
+        max_replicas=opts["max_replicas"],
+        priority=opts["priority"],
+        fallback_version=opts["fallback"],
+        load_on_demand=opts["on_demand"],
+        placement=model_pb2.PlacementConstraints(memory_bytes=opts["memory_bytes"]),
+    )
+    doc = model_doc(load_and_wait(ctl, spec, timeout))
+    ctl.emit(doc, lambda: [models_table([doc]), Text(_running_line(doc))])
 
 
-def _add_load(sub: Any) -> None:
-    p = sub.add_parser("load", help="load a model (waits until RUNNING)")
-    p.add_argument("model")
-    p.add_argument("--version", action="append", default=None, help="repeat for several (default: 1)")
-    p.add_argument("--replicas", type=int, default=1)
-    p.add_argument("--max-replicas", type=int, default=0)
-    p.add_argument("--priority", type=int, default=0)
-    p.add_argument("--memory-bytes", type=int, default=0)
-    p.add_argument("--fallback", help="fallback version for breaker level 3")
-    p.add_argument("--on-demand", action="store_true", help="load only when a request asks for it")
-    p.add_argument("--timeout", type=float, default=TIMEOUT_S)
-    _addresses(p)
-    p.set_defaults(func=lambda a: cmd_load(argparse.Namespace(**{**vars(a), "version": a.version or ["1"]})))
+def _running_line(doc: dict[str, Any]) -> str:
+    return f"{doc['model']}: {doc['replicas_running']}/{doc['replicas_wanted']} replica(s) RUNNING"
 
 
-def _add_unload(sub: Any) -> None:
-    p = sub.add_parser("unload", help="unload a model, or one version of it")
-    p.add_argument("model")
-    p.add_argument("--version", default="")
-    _addresses(p)
+@click.command(name="unload")
+@click.argument("model")
+@click.option("--version", default="", metavar="V", help="only this version (default: the whole model)")
+@connects("scheduler")
+@output_option
+@pass_ctl
+def unload_cmd(ctl: Ctl, model: str, version: str) -> None:
+    """Unload a model, or one version of it (its replicas drain first)."""
+    request = control_pb2.UnloadModelRequest(model=model, version=version)
+    reply = ctl.call("scheduler", "UnloadModel", request, timeout=LOAD_TIMEOUT_S)
+    doc = {**model_doc(reply.status), "model": model}
+    ctl.emit(doc, lambda: Text(f"{model}{'/' + version if version else ''}: unloaded"))
 
-    def run(a: argparse.Namespace) -> int:
-        _call(_control(a).UnloadModel, control_pb2.UnloadModelRequest(model=a.model, version=a.version))
-        print(f"{a.model}{'/' + a.version if a.version else ''}: unloaded")
-        return 0
 
-    p.set_defaults(func=run)
+def _model_status(ctl: Ctl, model: str) -> model_pb2.ModelStatus:
+    return ctl.call("scheduler", "GetModelStatus", control_pb2.GetModelStatusRequest(model=model), 10).status
+
+
+def _pause_command(name: str, method: str, request: Any, verb: str, help_: str) -> click.Command:
+    """pause and resume: MODEL [--version V]; the model as it stands after it. Without --version, every
+    version in the model's spec, one call each (the scheduler takes one version per call)."""
+
+    @click.command(name=name, help=help_)
+    @click.argument("model")
+    @click.option("--version", default="", metavar="V", help="only this version (default: all)")
+    @connects("scheduler")
+    @output_option
+    @pass_ctl
+    def command(ctl: Ctl, model: str, version: str) -> None:
+        for v in [version] if version else list(_model_status(ctl, model).spec.versions):
+            ctl.call("scheduler", method, request(model=model, version=v), timeout=LOAD_TIMEOUT_S)
+        doc = model_doc(_model_status(ctl, model))
+        ctl.emit(doc, lambda: Text(f"{model}{'/' + version if version else ''}: {verb}"))
+
+    return command
+
+
+pause_cmd = _pause_command(
+    "pause",
+    "PauseModel",
+    control_pb2.PauseModelRequest,
+    "paused",
+    "Pause a model (RUNNING -> PAUSED: replicas keep their memory and take no new requests).",
+)
+resume_cmd = _pause_command(
+    "resume",
+    "ResumeModel",
+    control_pb2.ResumeModelRequest,
+    "running again",
+    "Resume a paused model (PAUSED -> RUNNING).",
+)
 
 
 # --- traffic, breaker --------------------------------------------------------------------------------------
-def _add_traffic(sub: Any) -> None:
-    p = sub.add_parser("traffic", help="set the split: stable version, optional canary and its percent")
-    p.add_argument("model")
-    p.add_argument("stable")
-    p.add_argument("--canary", default="")
-    p.add_argument("--percent", type=int, default=0)
-    _addresses(p)
+@click.command(name="traffic")
+@click.argument("model")
+@click.argument("stable")
+@click.option("--canary", default="", metavar="V", help="a canary version (with --percent)")
+@click.option("--percent", type=click.IntRange(0, 100), default=None, help="the canary's share, 0-100")
+@connects("scheduler")
+@output_option
+@pass_ctl
+def traffic_cmd(ctl: Ctl, model: str, stable: str, canary: str, percent: int | None) -> None:
+    """Set the traffic split: the STABLE version, optionally a canary and its percent."""
+    if bool(canary) != (percent is not None):
+        raise click.UsageError("--canary V and --percent P go together (e.g. --canary 2 --percent 10)")
+    split = model_pb2.TrafficSplit(stable=stable, canary=canary, canary_percent=percent or 0)
+    reply = ctl.call("scheduler", "SetTraffic", control_pb2.SetTrafficRequest(model=model, traffic=split))
+    t = reply.traffic
+    split_doc = {"stable": t.stable, "canary": t.canary, "canary_percent": t.canary_percent}
+    doc = {"model": model, "traffic": split_doc, "pending": reply.pending}
+    ctl.emit(
+        doc,
+        lambda: Text(f"{model}: traffic set" + (f" ({reply.pending})" if reply.pending else " and in force")),
+    )
 
-    def run(a: argparse.Namespace) -> int:
-        split = model_pb2.TrafficSplit(stable=a.stable, canary=a.canary, canary_percent=a.percent)
-        reply = _call(_control(a).SetTraffic, control_pb2.SetTrafficRequest(model=a.model, traffic=split))
-        print(f"{a.model}: traffic set" + (f" ({reply.pending})" if reply.pending else " and in force"))
-        return 0
 
-    p.set_defaults(func=run)
+class _BreakerGroup(click.Group):
+    """``breaker MODEL LEVEL ...`` (the README's form) is ``breaker set MODEL LEVEL ...``: a first
+    argument that is not a subcommand is a model name. (So a model named set, get or clear needs the
+    explicit form.)"""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["set", *args]
+        return super().parse_args(ctx, args)
 
 
-def _add_breaker(sub: Any) -> None:
-    p = sub.add_parser("breaker", help="force a breaker level (0-3), optionally until a time, or --clear")
-    p.add_argument("model")
-    p.add_argument("level", type=int, nargs="?", default=0)
-    p.add_argument("--reason", default="set by mcpctl")
-    p.add_argument("--for-seconds", type=float, default=0.0, help="expire the forced level after this long")
-    p.add_argument("--clear", action="store_true")
-    _addresses(p)
+@click.group(name="breaker", cls=_BreakerGroup)
+def breaker_cmd() -> None:
+    """A model's circuit breaker: set (force a level), clear (drop the override), get.
+    `mcpctl breaker MODEL LEVEL` is `mcpctl breaker set MODEL LEVEL`."""
 
-    def run(a: argparse.Namespace) -> int:
-        until = int((time.time() + a.for_seconds) * 1000) if a.for_seconds else 0
-        request = control_pb2.SetBreakerRequest(model=a.model, level=a.level, reason=a.reason, clear=a.clear)
-        request.until_unix_ms, request.set_by = until, os.environ.get("USER", "operator")
-        reply = _call(_control(a).SetBreaker, request)
-        print(f"{a.model}: breaker level {reply.breaker.level}" + (" (cleared)" if a.clear else ""))
-        return 0
 
-    p.set_defaults(func=run)
+def _emit_breaker(ctl: Ctl, model: str, state: model_pb2.BreakerState, note: str = "") -> None:
+    doc = {"model": model, **breaker_doc(state)}
+    until = f", until {time.strftime('%H:%M:%S', time.localtime(state.until_unix_ms / 1000))}"
+    line = f"{model}: breaker level {state.level}" + (until if state.until_unix_ms else "")
+    line += f" ({state.reason}; set by {state.set_by})" if state.reason else ""
+    ctl.emit(doc, lambda: Text(line + note))
+
+
+@breaker_cmd.command(name="set")
+@click.argument("model")
+@click.argument("level", type=click.IntRange(0, 3), required=False, metavar="LEVEL")
+@click.option(
+    "--for-seconds",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="expire the forced level after this long (default: until cleared)",
+)
+@click.option("--reason", default="set by mcpctl", show_default=True, help="why (shown in status, alerts)")
+@connects("scheduler")
+@output_option
+@pass_ctl
+def breaker_set(ctl: Ctl, model: str, level: int | None, for_seconds: float | None, reason: str) -> None:
+    """Force MODEL's breaker to LEVEL (0 normal .. 3 static fallback)."""
+    if level is None:
+        raise click.UsageError(
+            f"LEVEL is missing: say which level to force, 0-3 (e.g. `mcpctl breaker set {model} 3`); "
+            f"`mcpctl breaker clear {model}` drops a forced level"
+        )
+    request = control_pb2.SetBreakerRequest(model=model, level=level, reason=reason)
+    request.until_unix_ms = int((time.time() + for_seconds) * 1000) if for_seconds else 0
+    request.set_by = os.environ.get("USER", "operator")
+    _emit_breaker(ctl, model, ctl.call("scheduler", "SetBreaker", request).breaker)
+
+
+@breaker_cmd.command(name="clear")
+@click.argument("model")
+@connects("scheduler")
+@output_option
+@pass_ctl
+def breaker_clear(ctl: Ctl, model: str) -> None:
+    """Drop an operator's forced level: the health service's level applies again at once."""
+    request = control_pb2.SetBreakerRequest(model=model, clear=True, reason="cleared by mcpctl")
+    _emit_breaker(ctl, model, ctl.call("scheduler", "SetBreaker", request).breaker, " (override cleared)")
+
+
+@breaker_cmd.command(name="get")
+@click.argument("model")
+@connects("scheduler")
+@output_option
+@pass_ctl
+def breaker_get(ctl: Ctl, model: str) -> None:
+    """The breaker level in force and where it came from."""
+    _emit_breaker(
+        ctl, model, ctl.call("scheduler", "GetBreaker", control_pb2.GetBreakerRequest(model=model)).breaker
+    )
 
 
 # --- drain, undrain ----------------------------------------------------------------------------------------
-def _add_drain(sub: Any) -> None:
-    p = sub.add_parser("drain", help="move every replica off a worker and place nothing new on it")
-    p.add_argument("worker")
-    p.add_argument("--reason", default="drained by mcpctl")
-    _addresses(p)
-
-    def run(a: argparse.Namespace) -> int:
-        request = control_pb2.DrainRequest(worker_id=a.worker, reason=a.reason)
-        moving = _call(_control(a).Drain, request).replicas
-        names = ", ".join(f"{r.model}/{r.version}" for r in moving) or "none"
-        print(f"{a.worker}: drained ({a.reason}); replicas moving away: {names}")
-        return 0
-
-    p.set_defaults(func=run)
-
-
-def _add_undrain(sub: Any) -> None:
-    p = sub.add_parser("undrain", help="end a worker's drain: it takes new replicas again")
-    p.add_argument("worker")
-    _addresses(p)
-
-    def run(a: argparse.Namespace) -> int:
-        reason = _call(_control(a).Undrain, control_pb2.UndrainRequest(worker_id=a.worker)).reason
-        print(f"{a.worker}: no longer drained" + (f" (was: {reason})" if reason else ""))
-        return 0
-
-    p.set_defaults(func=run)
+@click.command(name="drain")
+@click.argument("worker")
+@click.option("--reason", default="drained by mcpctl", show_default=True, help="why (shown in status)")
+@connects("scheduler")
+@output_option
+@pass_ctl
+def drain_cmd(ctl: Ctl, worker: str, reason: str) -> None:
+    """Move every replica off WORKER and place nothing new on it (until undrain)."""
+    moving = ctl.call(
+        "scheduler", "Drain", control_pb2.DrainRequest(worker_id=worker, reason=reason)
+    ).replicas
+    names = ", ".join(f"{r.model}/{r.version}" for r in moving) or "none"
+    doc = {
+        "worker": worker,
+        "reason": reason,
+        "moving": [{"model": r.model, "version": r.version} for r in moving],
+    }
+    ctl.emit(doc, lambda: Text(f"{worker}: drained ({reason}); replicas moving away: {names}"))
 
 
-# --- route, infer ------------------------------------------------------------------------------------------
-def _add_route(sub: Any) -> None:
-    p = sub.add_parser("route", help="where a request for a model (and key) would go")
-    p.add_argument("model")
-    p.add_argument("--key", default="")
-    _addresses(p)
-
-    def run(a: argparse.Namespace) -> int:
-        stub = inference_pb2_grpc.InferenceStub(grpc.insecure_channel(a.router))
-        r = _call(stub.Route, inference_pb2.RouteRequest(model=a.model, routing_key=a.key))
-        print(json.dumps({"worker": r.worker_id, "endpoint": r.data_endpoint, "version": r.version,
-                          "breaker_level": r.breaker_level}))  # fmt: skip
-        return 0
-
-    p.set_defaults(func=run)
-
-
-def _add_infer(sub: Any) -> None:
-    p = sub.add_parser("infer", help="send one request through the router: INPUT0 of --shape, random FP32")
-    p.add_argument("model")
-    p.add_argument("--version", default="")
-    p.add_argument("--key", default="")
-    p.add_argument("--shape", default="1,64")
-    _addresses(p)
-
-    def run(a: argparse.Namespace) -> int:
-        shape = tuple(int(d) for d in a.shape.split(","))
-        x = np.random.default_rng(0).random(shape, dtype=np.float32)
-        t = inference_pb2.Tensor(
-            name="INPUT0", dtype=dtypes.wire_value("FP32"), shape=shape, data=x.tobytes()
-        )
-        stub = inference_pb2_grpc.InferenceStub(grpc.insecure_channel(a.router))
-        request = inference_pb2.InferRequest(model=a.model, version=a.version, routing_key=a.key, inputs=[t])
-        reply = _call(stub.Infer, request)
-        for out in reply.outputs:
-            arr = np.frombuffer(out.data, dtypes.numpy_dtype(dtypes.name_of(out.dtype))).reshape(
-                tuple(out.shape)
-            )
-            head = np.round(arr.reshape(-1)[:4], 4).tolist()
-            print(
-                f"{reply.model}/{reply.version} on {reply.worker_id}: {out.name} {list(arr.shape)} {head}..."
-            )
-        return 0
-
-    p.set_defaults(func=run)
+@click.command(name="undrain")
+@click.argument("worker")
+@connects("scheduler")
+@output_option
+@pass_ctl
+def undrain_cmd(ctl: Ctl, worker: str) -> None:
+    """End WORKER's drain: it takes new replicas again."""
+    was = ctl.call("scheduler", "Undrain", control_pb2.UndrainRequest(worker_id=worker)).reason
+    ctl.emit(
+        {"worker": worker, "was": was},
+        lambda: Text(f"{worker}: no longer drained" + (f" (was: {was})" if was else "")),
+    )
 
 
 COMMANDS = (
-    _add_status, _add_load, _add_unload, _add_traffic, _add_breaker, _add_drain, _add_undrain, _add_route,
-    _add_infer,
-)  # fmt: skip
+    status_cmd,
+    list_cmd,
+    load_cmd,
+    unload_cmd,
+    pause_cmd,
+    resume_cmd,
+    traffic_cmd,
+    breaker_cmd,
+    drain_cmd,
+    undrain_cmd,
+)

@@ -162,7 +162,7 @@ def up() -> int:
         print(f"loaded {spec.model} versions {list(spec.versions)} x{spec.replicas}")
     _demo_client()
     print()
-    print(status_table(SCHEDULER, HEALTH))
+    print(status_table(SCHEDULER, HEALTH), end="")
     print(f"\nrouter: gRPC (mcpapi v1/v2, KServe V2) at {ROUTER}, REST (KServe V2) at {ROUTER_REST}")
     print(f"etcd at {endpoint}; logs in {RUN}/")
     print("`make down` stops it; `.venv/bin/mcpctl status` shows it")
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         return up()
     if args.action == "down":
         return down()
-    print(status_table(SCHEDULER, HEALTH))
+    print(status_table(SCHEDULER, HEALTH), end="")
     return 0
 
 

@@ -1,188 +1,174 @@
-"""``mcpctl``: the operator CLI. One small function per subcommand, registered in ``_COMMANDS``.
+"""``mcpctl``: the operator CLI (click + rich). This module is its entry point: the command group with its
+global options, and the one place where what a command raised becomes a message and an exit code.
 
-Exit codes: 0 success, 1 an error (one line on stderr; an ``MCPError`` prints its message), 2 bad usage
-(argparse prints the usage). Key material is never printed.
+Exit codes:
 
-Commands: ``encrypt-model`` (offline, on a model repository), ``keygen`` (adds a key to a keyring file),
-and the cluster commands of ``cluster_cmds``: status, load, unload, traffic, breaker, route, infer.
+    0  success
+    1  the cluster refused or failed it (an MCPError other than the next: NOT_FOUND, FAILED_PRECONDITION,
+       INVALID_ARGUMENT from a service...), or a local step failed (a file, a key, py-spy)
+    2  bad usage or invalid input (click's usage errors, a bad --shape or --input), found before sending
+    3  a service could not be reached: UNAVAILABLE or DEADLINE_EXCEEDED talking to it (worth retrying)
+    4  load: the wanted replicas were not RUNNING within --timeout (the load goes on in the background)
+  130  interrupted (Ctrl-C), except for status --watch, which ends that way (0)
+
+Every error is exactly one line on stderr, ``mcpctl <command>: <message>``, never a traceback (an
+unexpected exception too; ``MCPCTL_DEBUG=1`` re-raises it). Commands live in ``cluster_cmds`` (status, list,
+load, unload, pause, resume, traffic, breaker, drain, undrain), ``request_cmds`` (route, infer),
+``debug_cmds`` (dump, profile) and ``model_cmds`` (encrypt-model, keygen); ``ctlkit`` is what they share.
+``main(argv) -> int`` is the console script (``mcpctl = "mcpclient.mcpctl:main"``).
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
-import shutil
 import sys
-import tempfile
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
 
-import yaml
+import click
 
-from mcpclient import cluster_cmds
-from mcpcore.crypto import Keyring, decrypt_file, encrypt_file, generate_key, write_keyring
-from mcpcore.errors import AlreadyExists, FailedPrecondition, InvalidArgument, MCPError
-from mcpcore.keys import check_name, check_version
-from mcpcore.modelspec import load_model_yaml, model_config_from_dict
+from mcpclient import cluster_cmds, debug_cmds, model_cmds, request_cmds
+from mcpclient.ctlkit import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    Ctl,
+    Failure,
+    exit_code,
+)
+from mcpcore.errors import MCPError
 
-__all__ = ["build_parser", "main"]
-
-MODEL_YAML = "model.yaml"
-
-
-# --- encrypt-model -----------------------------------------------------------------------------------------
+__all__ = ["cli", "main"]
 
 
-def _add_encrypt_model(sub: Any) -> None:
-    p = sub.add_parser(
-        "encrypt-model",
-        help="encrypt a model version's weights (AES-256-GCM) in a model repository",
-        description="Encrypt <repo>/<model>/<version>'s weights into <weights>.enc and mark model.yaml "
-        "encrypted. With --output-model the encrypted version is written as a new model and the source "
-        "is left alone (the model name is authenticated, so the copy is encrypted for its new name).",
-    )
-    p.add_argument("--repo", required=True, type=Path, help="model repository directory")
-    p.add_argument("--model", required=True, help="source model name")
-    p.add_argument("--version", required=True, help="model version, e.g. 1")
-    p.add_argument("--keyring", required=True, type=Path, help="keyring file (JSON or YAML)")
-    p.add_argument("--key-id", required=True, help="id of the key in the keyring")
-    p.add_argument("--output-model", help="write the encrypted version as this model (default: in place)")
-    p.set_defaults(func=cmd_encrypt_model)
+def _exit_codes() -> str:
+    """``mcpctl --help``'s epilog: the exit codes as the module docstring lists them (one list, not two);
+    ``\\b`` keeps click from rewrapping it."""
+    _, found, rest = (__doc__ or "").partition("Exit codes:\n\n")
+    return "\b\nExit codes:\n" + rest.split("\n\n", 1)[0] if found else ""
 
 
-def cmd_encrypt_model(args: argparse.Namespace) -> int:
-    model, version = check_name(args.model, "model name"), check_version(args.version)
-    target = check_name(args.output_model or model, "output model name")
-    key = Keyring.load(args.keyring).get(args.key_id)
-    src_dir = args.repo / model / version
-    config = load_model_yaml(src_dir / MODEL_YAML)
-    if config.encrypted:
-        raise FailedPrecondition(f"model {model}/{version} is already encrypted (key id {config.key_id!r})")
-    if config.weights is None:
-        raise FailedPrecondition(f"model {model}/{version} has no weights file to encrypt")
-    weights, enc_name = config.weights, f"{config.weights}.enc"
-    doc = yaml.safe_load((src_dir / MODEL_YAML).read_text(encoding="utf-8"))
-    doc = _encrypted_doc(doc, target=target, weights=enc_name, key_id=args.key_id)
-    model_config_from_dict(doc, model=target, version=version)  # the new model.yaml must be valid
-
-    def write(dst_dir: Path) -> None:
-        encrypt_file(
-            src_dir / weights, dst_dir / enc_name, key=key, key_id=args.key_id, model=target, version=version
-        )
-        # Prove the file decrypts for its new name before the plaintext goes away.
-        keyring = Keyring.from_keys({args.key_id: key})
-        decrypt_file(dst_dir / enc_name, keyring=keyring, model=target, version=version)
-        _write_text(dst_dir / MODEL_YAML, yaml.safe_dump(doc, sort_keys=False))
-
-    if target == model:
-        write(src_dir)
-        (src_dir / weights).unlink()
-    else:
-        _write_copy(src_dir, args.repo / target / version, skip=weights, fill=write)
-    print(f"encrypted {model}/{version} {weights} -> {target}/{version}/{enc_name} (key id {args.key_id})")
-    return 0
-
-
-def _encrypted_doc(doc: Any, *, target: str, weights: str, key_id: str) -> dict[str, Any]:
-    if not isinstance(doc, dict):
-        raise InvalidArgument("model.yaml: expected a mapping at the top level")
-    out = dict(doc)
-    if "name" in out:
-        out["name"] = target
-    out["weights"] = weights
-    out["encrypted"] = True
-    out["key_id"] = key_id
-    return out
-
-
-def _write_copy(src_dir: Path, dst_dir: Path, *, skip: str, fill: Callable[[Path], None]) -> None:
-    """Build the copy in a hidden temp dir beside ``dst_dir`` (not a valid version, so no repository lists
-    it), then rename it into place, so a failure leaves no half-written version behind."""
-    if dst_dir.exists():
-        raise AlreadyExists(f"{dst_dir} already exists; remove it or pick another --output-model")
-    dst_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dst_dir.parent, prefix=f".{dst_dir.name}.tmp-"))
-    try:
-        shutil.copytree(
-            src_dir,
-            tmp,
-            dirs_exist_ok=True,
-            ignore=lambda d, names: [skip] if Path(d) == src_dir else [],
-        )
-        fill(tmp)
-        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
-        os.rename(tmp, dst_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+@click.group(
+    name="mcpctl",
+    epilog=_exit_codes(),
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
+)
+@click.version_option(package_name="mcpmesh", prog_name="mcpctl", message="%(prog)s %(version)s")
+@click.option(
+    "--scheduler",
+    envvar="MCP_SCHEDULER",
+    default="127.0.0.1:50051",
+    show_default=True,
+    show_envvar=True,
+    metavar="HOST:PORT",
+    help="the scheduler (ModelControl)",
+)
+@click.option(
+    "--router",
+    envvar="MCP_ROUTER",
+    default="127.0.0.1:8001",
+    show_default=True,
+    show_envvar=True,
+    metavar="HOST:PORT",
+    help="a router (Inference)",
+)
+@click.option(
+    "--health",
+    envvar="MCP_HEALTH",
+    default="127.0.0.1:50053",
+    show_default=True,
+    show_envvar=True,
+    metavar="HOST:PORT",
+    help="the health service",
+)
+@click.option(
+    "--etcd",
+    envvar="MCP_ETCD_ENDPOINTS",
+    default="127.0.0.1:2379",
+    show_default=True,
+    show_envvar=True,
+    metavar="HOST:PORT,...",
+    help="etcd endpoints (only dump reads etcd)",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="table for people, or json: one document on stdout",
+)
+@click.pass_obj
+def cli(ctl: Ctl, *, scheduler: str, router: str, health: str, etcd: str, output: str) -> None:
+    """Operate an mcpmesh cluster: models, traffic, breakers, workers, requests, and a look inside."""
+    ctl.scheduler, ctl.router, ctl.health, ctl.etcd, ctl.output = scheduler, router, health, etcd, output
+    click.get_current_context().call_on_close(ctl.close)
 
 
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+for _command in (
+    *cluster_cmds.COMMANDS,
+    *request_cmds.COMMANDS,
+    *debug_cmds.COMMANDS,
+    *model_cmds.COMMANDS,
+):
+    cli.add_command(_command)
 
 
-# --- keygen ------------------------------------------------------------------------------------------------
+def _say(where: str, message: str) -> None:
+    text = " ".join(message.split())  # one line, whatever the message held
+    sys.stderr.write(f"{where}: {text}\n")
 
 
-def _add_keygen(sub: Any) -> None:
-    p = sub.add_parser(
-        "keygen",
-        help="add a new random AES-256 key to a keyring file (created with mode 0600)",
-    )
-    p.add_argument("--keyring", required=True, type=Path, help="keyring file; created if missing")
-    p.add_argument("--key-id", required=True, help="id for the new key")
-    p.set_defaults(func=cmd_keygen)
-
-
-def cmd_keygen(args: argparse.Namespace) -> int:
-    key_id = check_name(args.key_id, "key id")
-    keys: dict[str, bytes] = {}
-    if args.keyring.exists():
-        keyring = Keyring.load(args.keyring)
-        if key_id in keyring:
-            raise AlreadyExists(f"key id {key_id!r} is already in keyring {args.keyring}")
-        keys = {k: keyring.get(k) for k in keyring.key_ids}
-    keys[key_id] = generate_key()
-    write_keyring(args.keyring, keys)
-    print(f"added key {key_id!r} to keyring {args.keyring}")
-    return 0
-
-
-# --- entry point -------------------------------------------------------------------------------------------
-
-_COMMANDS: tuple[Callable[[Any], None], ...] = (_add_encrypt_model, _add_keygen, *cluster_cmds.COMMANDS)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mcpctl", description="Operate an mcpmesh cluster.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in _COMMANDS:
-        add(sub)
-    return parser
+def _usage(err: click.UsageError) -> int:
+    ctx = err.ctx
+    if isinstance(err, click.exceptions.NoArgsIsHelpError) and ctx is not None:
+        sys.stderr.write(ctx.get_help() + "\n")  # `mcpctl` or `mcpctl breaker` alone: the help
+        return EXIT_USAGE
+    where = ctx.command_path if ctx is not None else "mcpctl"
+    message = err.format_message().rstrip(".")
+    if message[:1].isupper() and message[1:2].islower():  # click's "Missing option": one line, lower case
+        message = message[:1].lower() + message[1:]
+    _say(where, f"{message} (see '{where} -h')")
+    return EXIT_USAGE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``mcpctl`` with ``argv`` (default: the process's arguments) and return its exit code."""
     logging.basicConfig(level=logging.WARNING, format="mcpctl: %(levelname)s: %(message)s")
-    parser = build_parser()
+    ctl = Ctl()  # the group's options fill it in; each command records its name in it
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit_:  # bad usage (2) or --help (0)
-        return exit_.code if isinstance(exit_.code, int) else 2
-    if getattr(args, "func", None) is None:
-        parser.print_usage(sys.stderr)
-        return 2
-    try:
-        return int(args.func(args))
+        result = cli.main(
+            args=list(sys.argv[1:] if argv is None else argv),
+            prog_name="mcpctl",
+            standalone_mode=False,
+            obj=ctl,
+        )
+    except click.UsageError as err:
+        return _usage(err)
+    except click.ClickException as err:
+        _say(ctl.command, err.format_message())
+        return err.exit_code
+    except Failure as err:
+        _say(ctl.command, err.message)
+        return err.code
     except MCPError as err:
-        print(f"mcpctl {args.command}: {err.message}", file=sys.stderr)
+        _say(ctl.command, err.message)
+        return exit_code(err)
     except OSError as err:
         where = f": {err.filename}" if err.filename else ""
-        print(f"mcpctl {args.command}: {err.strerror or err}{where}", file=sys.stderr)
-    return 1
+        _say(ctl.command, f"{err.strerror or err}{where}")
+        return EXIT_FAILED
+    except click.Abort:  # Ctrl-C (click turns KeyboardInterrupt into Abort)
+        _say(ctl.command, "interrupted")
+        return EXIT_INTERRUPTED
+    except Exception as err:
+        if os.environ.get("MCPCTL_DEBUG"):
+            raise
+        _say(ctl.command, f"internal error: {type(err).__name__}: {err} (MCPCTL_DEBUG=1 shows the traceback)")
+        return EXIT_FAILED
+    return result if isinstance(result, int) else EXIT_OK  # an int: --help or --version's exit code
 
 
 if __name__ == "__main__":

@@ -168,8 +168,16 @@ def test_bad_keyring_file_never_echoes_key_material(repo: Path, tmp_path: Path) 
 
 
 def test_usage_errors_exit_2() -> None:
-    for args in ((), ("no-such-command",), ("encrypt-model", "--repo", "x")):
+    bare = mcpctl()
+    assert bare.returncode == 2 and bare.stderr.startswith("Usage: mcpctl [OPTIONS] COMMAND")  # the help
+    for args, line in (
+        (("no-such-command",), "mcpctl: no such command 'no-such-command' (see 'mcpctl -h')"),
+        (
+            ("encrypt-model", "--repo", "x"),
+            "mcpctl encrypt-model: missing option '--model' (see 'mcpctl encrypt-model -h')",
+        ),
+    ):
         r = mcpctl(*args)
-        assert r.returncode == 2, args
-        assert "usage: mcpctl" in r.stderr
+        assert (r.returncode, r.stderr) == (2, line + "\n"), args
     assert mcpctl("--help").returncode == 0
+    assert mcpctl("encrypt-model", "--help").stdout.startswith("Usage: mcpctl encrypt-model [OPTIONS]")

@@ -354,15 +354,16 @@ def test_mcpctl_operates_the_cluster(mesh):
     ]
 
     def mcpctl(*args: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "mcpclient.mcpctl", *args, *addr]
+        command = [sys.executable, "-m", "mcpclient.mcpctl", *addr, *args]
         return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
 
     status = mcpctl("status")
     assert status.returncode == 0, status.stderr
     assert "demo-mlp" in status.stdout and "RUNNING" in status.stdout and "did not answer" in status.stdout
     infer = mcpctl("infer", "demo-onnx", "--key", "k1")
-    assert infer.returncode == 0 and "demo-onnx/1 on " in infer.stdout and "OUTPUT0 [1, 16]" in infer.stdout
-    route = json.loads(mcpctl("route", "demo-onnx", "--key", "k1").stdout)
+    assert infer.returncode == 0 and infer.stdout.startswith("demo-onnx/1 on ")
+    assert ["OUTPUT0", "FP32", "[1,", "16]"] in [line.split()[:4] for line in infer.stdout.splitlines()]
+    route = json.loads(mcpctl("-o", "json", "route", "demo-onnx", "--key", "k1").stdout)
     assert route["version"] == "1" and route["endpoint"].startswith("tcp://")
     bad = mcpctl("traffic", "demo-onnx", "1", "--canary", "1", "--percent", "10")
     assert bad.returncode == 1 and "canary" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

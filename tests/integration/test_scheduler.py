@@ -343,24 +343,28 @@ def test_mcpctl_drains_and_undrains_and_status_shows_it(cluster, tmp_path, etcd_
     addr = ["--scheduler", cluster["scheduler"].endpoints["grpc"], "--health", health.endpoints["grpc"]]
 
     def mcpctl(*args: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "mcpclient.mcpctl", *args, *addr]
+        command = [sys.executable, "-m", "mcpclient.mcpctl", *addr, *args]
         return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+    def drained_as_shown() -> dict[str, str]:
+        return {
+            w["worker"]: w["drained"]
+            for w in json.loads(mcpctl("-o", "json", "status").stdout)["workers"] or []
+        }
 
     try:
         drained = mcpctl("drain", worker, "--reason", "disk swap")
         assert drained.returncode == 0 and f"{worker}: drained (disk swap)" in drained.stdout, drained.stderr
-        status = wait_for(
-            lambda: (out := mcpctl("status").stdout) and "drained: disk swap" in out and out,
-            what="status shows the drain",
-        )
-        assert next(line for line in status.splitlines() if line.startswith(worker)).endswith(
+        wait_for(lambda: drained_as_shown().get(worker) == "disk swap", what="status shows the drain")
+        table = mcpctl("status").stdout
+        assert next(line for line in table.splitlines() if line.startswith(worker)).endswith(
             "drained: disk swap"
         )
         undone = mcpctl("undrain", worker)
         assert undone.returncode == 0 and "no longer drained (was: disk swap)" in undone.stdout
         again = mcpctl("undrain", worker)
         assert again.returncode == 1 and "not drained" in again.stderr and len(again.stderr.splitlines()) == 1
-        wait_for(lambda: "drained:" not in mcpctl("status").stdout, what="status without the drain")
+        wait_for(lambda: not any(drained_as_shown().values()), what="status without the drain")
     finally:
         health.stop()
 

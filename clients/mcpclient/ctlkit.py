@@ -1,0 +1,218 @@
+"""What every ``mcpctl`` command shares: its settings (``Ctl``), gRPC calls with their errors, the exit codes,
+and the two output forms (a table for people, one JSON document for programs).
+
+Invariants:
+- A command never prints an error itself and never exits: it raises. ``mcpctl.main`` turns what it raises
+  into exactly one line on stderr and an exit code (``exit_code``); a ``Failure`` carries its own code.
+- Every gRPC call has a deadline, and its ``grpc.RpcError`` becomes an ``MCPError`` through
+  ``mcpcore.errors.from_rpc_error`` (the one client table), here and nowhere else in the CLI.
+- ``-o json`` writes one JSON document on stdout (``status --watch``: one per line, per refresh) and
+  nothing else there; progress displays and notes go to stderr.
+- Addresses come from the group's options (``mcpctl --scheduler ... status``), which take their defaults
+  from the environment; a command's own option of the same name (``mcpctl status --scheduler ...``)
+  overrides the group's for that call. Nothing is read from the environment at import.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import click
+import grpc
+from rich.console import Console, RenderableType
+
+from mcpapi.v2 import control_pb2_grpc, health_pb2_grpc, inference_pb2_grpc
+from mcpcore.errors import MCPError, from_rpc_error
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_TIMED_OUT",
+    "EXIT_UNREACHABLE",
+    "EXIT_USAGE",
+    "Ctl",
+    "Failure",
+    "connects",
+    "exit_code",
+    "output_option",
+    "pass_ctl",
+    "render_text",
+]
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # the cluster refused or failed it (an MCPError that is not retryable)
+EXIT_USAGE = 2  # bad usage or invalid input, found before anything was sent
+EXIT_UNREACHABLE = 3  # UNAVAILABLE / DEADLINE_EXCEEDED talking to a service
+EXIT_TIMED_OUT = 4  # load: the replicas were not RUNNING in time
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), except where it is the normal end (status --watch)
+
+_STUBS: dict[str, Callable[[grpc.Channel], Any]] = {
+    "scheduler": control_pb2_grpc.ModelControlStub,
+    "router": inference_pb2_grpc.InferenceStub,
+    "health": health_pb2_grpc.HealthStub,
+}
+CALL_TIMEOUT_S = 30.0
+_WHAT = {
+    "scheduler": "the scheduler",
+    "router": "a router",
+    "health": "the health service",
+    "etcd": "etcd endpoints",
+}
+
+
+class Failure(Exception):
+    """A command's failure found by the CLI itself (not an error status from a service), with its exit
+    code: e.g. a load that timed out (4), a pid that is gone (1)."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+def exit_code(err: MCPError) -> int:
+    """3 for what is worth retrying (UNAVAILABLE, DEADLINE_EXCEEDED: the service could not be reached or
+    did not answer in time), 1 for every other refusal or failure."""
+    return EXIT_UNREACHABLE if err.retryable else EXIT_FAILED
+
+
+@dataclass
+class Ctl:
+    """One invocation's settings, and the channels it opened (closed when the command ends)."""
+
+    scheduler: str = ""
+    router: str = ""
+    health: str = ""
+    etcd: str = ""
+    output: str = "table"
+    command: str = "mcpctl"  # the running command's path, e.g. "mcpctl breaker set", for its error line
+    _channels: dict[str, grpc.Channel] = field(default_factory=dict, repr=False)
+
+    @property
+    def json(self) -> bool:
+        return self.output == "json"
+
+    def address(self, service: str) -> str:
+        return str(getattr(self, service))
+
+    def stub(self, service: str) -> Any:
+        address = self.address(service)
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.insecure_channel(address)
+        return _STUBS[service](channel)
+
+    def call(self, service: str, method: str, request: Any, timeout: float = CALL_TIMEOUT_S) -> Any:
+        """One unary call to ``service`` (scheduler, router or health); errors as ``MCPError``."""
+        try:
+            return getattr(self.stub(service), method)(request, timeout=timeout)
+        except grpc.RpcError as err:
+            raise self.rpc_error(service, err) from None
+
+    def rpc_error(self, service: str, err: grpc.RpcError) -> MCPError:
+        """``err`` as an MCPError; one worth retrying names the service and address it was talking to."""
+        mapped = from_rpc_error(err)
+        if mapped.retryable:
+            mapped.message = f"{service} at {self.address(service)}: {mapped.message}"
+        return mapped
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+
+    # -- output ----------------------------------------------------------------------------------------
+    def emit(self, doc: Any, view: Callable[[], RenderableType | list[RenderableType]]) -> None:
+        """``doc`` as one JSON document with ``-o json``, else what ``view()`` renders, for people."""
+        if self.json:
+            click.echo(json.dumps(doc, indent=2))
+            return
+        rendered = view()
+        write_renderables(rendered if isinstance(rendered, list) else [rendered])
+
+
+def write_renderables(items: list[RenderableType]) -> None:
+    """Print to stdout: a terminal gets rich's rendering at its width; a pipe or file gets plain text
+    as wide as the content needs (no colours, no trailing blanks), so scripts and ``grep`` see whole rows."""
+    console = Console(file=sys.stdout)
+    if console.is_terminal:
+        for item in items:
+            console.print(item)
+    else:
+        sys.stdout.write(render_text(items))
+        sys.stdout.flush()
+
+
+def render_text(items: Iterable[RenderableType]) -> str:
+    """Plain text of rich renderables, each as wide as it needs (tables are not squeezed to 80 columns)."""
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=10_000, color_system=None, highlight=False, soft_wrap=False)
+    for item in items:
+        console.print(item)
+    return "".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines())
+
+
+# -- options -------------------------------------------------------------------------------------------
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def pass_ctl(fn: F) -> F:
+    """Call the command with the invocation's ``Ctl`` first, after noting the command's name in it."""
+
+    @functools.wraps(fn)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        ctx = click.get_current_context()
+        ctl = ctx.find_object(Ctl)
+        if ctl is None:
+            raise RuntimeError("an mcpctl command runs under the mcpctl group (mcpctl.main)")
+        ctl.command = ctx.command_path
+        return fn(ctl, *args, **kwargs)
+
+    return command  # type: ignore[return-value]
+
+
+def _override(name: str) -> Callable[[click.Context, click.Parameter, Any], None]:
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        if value is not None:
+            setattr(ctx.find_object(Ctl), name, value)  # the group's callback made it, before this ran
+
+    return callback
+
+
+def connects(*services: str) -> Callable[[F], F]:
+    """A command's own ``--scheduler``/``--router``/``--health``/``--etcd`` (for the services it talks
+    to): each overrides the group's option of the same name for this call."""
+
+    def decorate(fn: F) -> F:
+        for service in reversed(services):
+            fn = click.option(
+                f"--{service}",
+                metavar="HOST:PORT",
+                default=None,
+                expose_value=False,
+                callback=_override(service),
+                help=f"{_WHAT[service]} (default: the group's --{service})",
+            )(fn)
+        return fn
+
+    return decorate
+
+
+def output_option(fn: F) -> F:
+    """``-o/--output table|json`` on a command; overrides the group's ``-o``."""
+    return click.option(
+        "-o",
+        "--output",
+        type=click.Choice(["table", "json"]),
+        default=None,
+        expose_value=False,
+        callback=_override("output"),
+        help="table (for people) or json (one document on stdout)",
+    )(fn)
