@@ -139,7 +139,9 @@ async def run(
         measuring, cpu0, started = True, time.process_time(), time.perf_counter()
         await asyncio.gather(*work)
         elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu0
+        fallbacks = mesh.stats.fallbacks if direct else 0
     return {
+        "fallbacks": fallbacks,  # direct requests that went by the router instead (0 for a true figure)
         "rps": len(ok) / elapsed,
         "p50_ms": _pct(ok, 50),
         "p99_ms": _pct(ok, 99),

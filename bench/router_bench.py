@@ -110,13 +110,14 @@ def bench_direct(router: str, seconds: float, e2e: dict[str, float]) -> dict[str
     direct = _loadgen(router, MODEL, 64, seconds, direct=True)
     figures = {
         "direct_rps_c64": round(direct["rps"]), "direct_p99_ms_c64": round(direct["p99_ms"], 2),
-        "direct_errors_c64": direct["errors"],
+        "direct_errors_c64": direct["errors"], "direct_fallbacks_c64": direct["fallbacks"],
         "direct_vs_one_hop_c64": round(direct["rps"] / max(e2e["baseline_rps_c64"], 1), 2),
         "direct_vs_router_c64": round(direct["rps"] / max(e2e["e2e_rps_c64"], 1), 2),
     }  # fmt: skip
     print(
         f"SDK direct path (Route once, ZeroMQ to the worker), c=64: {direct['rps']:,.0f} req/s, "
-        f"p99 {direct['p99_ms']:.1f} ms, {direct['errors']} errors -> {figures['direct_vs_one_hop_c64']}x "
+        f"p99 {direct['p99_ms']:.1f} ms, {direct['errors']} errors, {direct['fallbacks']} by the router -> "
+        f"{figures['direct_vs_one_hop_c64']}x "
         f"the one-hop baseline, {figures['direct_vs_router_c64']}x the router path"
     )
     return figures

@@ -17,9 +17,12 @@ Invariants:
   features, CURVE with the worker's published key, coalescing where the worker takes it, no copies — plus
   ``FLAG_DIRECT``, so the worker counts the outcome for the breakers. The SDK never reads etcd.
 - Direct delivery, as the router's (DESIGN.md 7): a request that provably did not start at the worker
-  (never sent, the link not up, answered "not started", "draining" or "not held here") goes through the
-  router instead (counted in ``stats.fallbacks``); one whose link failed while it was out may have run and
-  fails ``Unavailable`` ("may have started"), never sent twice.
+  goes through a router instead (``stats.fallbacks``): never sent (no link up, the send refused) at once,
+  answered "not started" (a refusal, draining) while a retry budget lasts (a fifth of recent requests, as
+  the router's), and never once its deadline has passed. One whose worker failed while holding it may have
+  run: an idempotent version is sent once more through a router (``stats.resends``), any other fails
+  ``Unavailable`` "may have started".
+- Links to workers close only when no cached route names them and nothing is in flight on them.
 - Every failure is an ``MCPError`` (``mcpcore.errors``: ``NotFound``, ``InvalidArgument``,
   ``ResourceExhausted``, ``Unavailable``, ``DeadlineExceeded``, ...), with the server's message.
 """
@@ -27,6 +30,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import threading
 import time
@@ -65,7 +69,16 @@ DEFAULT_SCHEDULER = "127.0.0.1:50051"
 _MAX_MESSAGE = 256 << 20  # gRPC message limit both ways (bulk tensors through the router)
 _CONNECT_WAIT_S = 1.0  # the most a direct request waits for a new link's handshake before the router
 _ROUTES_KEPT = 1024  # cached routes (one per model, version and routing key), least recent dropped
-_NOT_FOUND = grpc.StatusCode.NOT_FOUND.value[0]
+MAX_ROUTE_TTL_S = 1.0  # the most a cached route may live
+MAX_PRIORITY = (1 << 32) - 1  # TensorHeader.priority is a uint32
+#: gRPC's words for a call that could not reach its server at all (so it never left this process)
+_UNREACHED = (
+    "failed to connect",
+    "connection refused",
+    "errors resolving",
+    "dns resolution",
+    "name resolution",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +95,7 @@ class Route:
     features_off: tuple[str, ...] = ()
     zmq_features: frozenset[str] = frozenset()
     incarnation: str = ""
+    idempotent: bool = False  # the version may run twice: sent once more after its worker failed
 
     # mcpcore.forwarder.LinkTarget
     @property
@@ -127,6 +141,7 @@ class ClientStats:
     routed: int = 0  # answered through a router
     direct: int = 0  # answered by a worker directly
     fallbacks: int = 0  # direct requests that provably did not start at the worker, sent through a router
+    resends: int = 0  # direct requests of idempotent versions sent again through a router after a failure
     route_calls: int = 0  # Route RPCs made (the cache's misses)
     failovers: int = 0  # calls moved to another router
 
@@ -172,9 +187,66 @@ class _Router:
 def _never_reached(err: grpc.RpcError) -> bool:
     """No connection to the server could be made, so the call never left this process."""
     details = (err.details() or "").lower() if hasattr(err, "details") else ""
-    return err.code() == grpc.StatusCode.UNAVAILABLE and (
-        "failed to connect" in details or "connection refused" in details or "dns resolution" in details
-    )
+    return err.code() == grpc.StatusCode.UNAVAILABLE and any(words in details for words in _UNREACHED)
+
+
+class _Budget:
+    """Token bucket for retries after a refusal: each request earns ``ratio`` of one (at most ``burst``)."""
+
+    def __init__(self, ratio: float = 0.2, burst: float = 20.0) -> None:
+        self._ratio, self._burst, self._tokens = ratio, burst, burst
+
+    def earn(self) -> None:
+        self._tokens = min(self._burst, self._tokens + self._ratio)
+
+    def spend(self) -> bool:
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        return False
+
+
+def _checked_call(
+    model: Any,
+    inputs: Any,
+    *,
+    version: Any,
+    key: Any,
+    priority: Any,
+    timeout: Any,
+    outputs: Any,
+    default_s: float,
+) -> _Call:
+    """The arguments of ``infer`` as a ``_Call``, or ``InvalidArgument`` naming the bad one."""
+    for name, value in (("model", model), ("version", version), ("key", key)):
+        if value is not None and not isinstance(value, str):
+            raise InvalidArgument(f"{name} must be a string, got {type(value).__name__}")
+    if not model:
+        raise InvalidArgument("model must be a model name, e.g. 'demo-mlp'")
+    if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= MAX_PRIORITY:
+        raise InvalidArgument(
+            f"priority must be an integer 0 (the model's default) .. {MAX_PRIORITY}, got {priority!r}"
+        )
+    if timeout is not None and (not isinstance(timeout, int | float) or not timeout > 0):
+        raise InvalidArgument(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    if not isinstance(inputs, Mapping) or not inputs:
+        raise InvalidArgument("inputs must be a non-empty mapping of tensor name to array")
+    arrays = {}
+    for name, value in inputs.items():
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument(f"tensor names must be non-empty strings, got {name!r}")
+        arr = np.asarray(value)
+        if arr.dtype.kind in "OUSV":
+            raise InvalidArgument(
+                f"input {name}: dtype {arr.dtype} is not a tensor type (use a numeric array)"
+            )
+        arrays[name] = arr
+    if isinstance(outputs, str) or not all(isinstance(o, str) for o in outputs or ()):
+        raise InvalidArgument(f"outputs must be a list of output names, got {outputs!r}")
+    return _Call(
+        model, arrays, version or "", key or "", priority, time.monotonic() + (timeout or default_s),
+        tuple(outputs or ()),
+    )  # fmt: skip
 
 
 def _tensor(name: str, array: Any) -> inference_pb2.Tensor:
@@ -216,8 +288,11 @@ class AsyncMeshClient:
         addresses = [routers] if isinstance(routers, str) else list(routers)
         if not addresses or not all(isinstance(a, str) and a for a in addresses):
             raise InvalidArgument("MeshClient needs at least one router address, e.g. '127.0.0.1:8001'")
-        if timeout <= 0 or route_ttl_s < 0:
-            raise InvalidArgument(f"timeout must be > 0 and route_ttl_s >= 0, got {timeout}, {route_ttl_s}")
+        if not timeout > 0 or not 0 <= route_ttl_s <= MAX_ROUTE_TTL_S:
+            raise InvalidArgument(
+                f"timeout must be > 0 and route_ttl_s within 0..{MAX_ROUTE_TTL_S} s (a route may be cached "
+                f"at most that long), got {timeout}, {route_ttl_s}"
+            )
         self._addresses = addresses
         self._scheduler_address = scheduler or os.environ.get("MCP_SCHEDULER", DEFAULT_SCHEDULER)
         self.timeout = timeout
@@ -230,7 +305,9 @@ class AsyncMeshClient:
         self._fwd: Forwarder | None = None
         self._routes: OrderedDict[tuple[str, str, str], _Cached] = OrderedDict()
         self._asking: dict[tuple[str, str, str], asyncio.Future[Route]] = {}
+        self._forgotten: dict[str, int] = {}  # model -> how often its routes were dropped (stale answers)
         self._targets: dict[str, Route] = {}  # worker -> the route its link was opened for
+        self._budget = _Budget()
         self.stats = ClientStats()
 
     @property
@@ -269,18 +346,16 @@ class AsyncMeshClient:
         outputs: Sequence[str] | None = None,
     ) -> dict[str, np.ndarray]:
         """Run one request; the outputs by name (all of them, or those named in ``outputs``)."""
-        if not isinstance(inputs, Mapping) or not inputs:
-            raise InvalidArgument("inputs must be a non-empty mapping of tensor name to array")
-        call = _Call(
-            model, {name: np.asarray(value) for name, value in inputs.items()}, version or "", key or "",
-            priority, time.monotonic() + (timeout or self.timeout), tuple(outputs or ()),
+        call = _checked_call(
+            model, inputs, version=version, key=key, priority=priority, timeout=timeout, outputs=outputs,
+            default_s=self.timeout,
         )  # fmt: skip
         if direct:
+            self._budget.earn()
             result = await self._infer_direct(call)
             if result is not None:
                 self.stats.direct += 1
                 return call.select(result)
-            self.stats.fallbacks += 1
         return await self._infer_routed(call)
 
     async def _infer_routed(self, call: _Call) -> dict[str, np.ndarray]:
@@ -293,13 +368,13 @@ class AsyncMeshClient:
         return {t.name: _array(t) for t in reply.outputs}
 
     async def _infer_direct(self, call: _Call) -> dict[str, np.ndarray] | None:
-        """The worker's answer, or None when the request provably did not start there."""
+        """The worker's answer, or None for "send it through a router" (the delivery rules above)."""
         model = call.model
-        route = await self._cached_route(model, call.version, call.key, call.priority, call.deadline)
+        route = await self._cached_route(call)
         fwd = self._link(route)
         if not await fwd.wait_connected(route.worker_id, min(call.left(), _CONNECT_WAIT_S)):
             self._forget(model)
-            return None
+            return self._fall_back(call)
         left = call.left()
         if left <= 0:
             raise DeadlineExceeded(f"request to {model} ran out of time before it was sent")
@@ -315,21 +390,33 @@ class AsyncMeshClient:
             reply = await fwd.send(route.worker_id, header, call.arrays, timeout_s=left, nbytes=nbytes)
         except NotSent:
             self._forget(model)
-            return None
+            return self._fall_back(call)
         except MayHaveStarted as err:
             self._forget(model)
+            if route.idempotent and call.left() > 0:  # as the router: once more, elsewhere
+                self.stats.resends += 1
+                return None
             raise Unavailable(
-                f"{err.message}; it may have started, so it was not sent again: retry only if running it "
-                "twice is safe"
+                f"{err.message}; it may have started, so it was not sent again (model {model}/"
+                f"{route.version} is not idempotent): retry only if running it twice is safe"
             ) from None
         h = reply.header
         if not h.status_code:
             return reply.named()
-        if h.flags & (wire.FLAG_RETRYABLE | wire.FLAG_DRAINING) or h.status_code == _NOT_FOUND:
-            self._forget(model)  # not started there: the route is stale or the worker is leaving
-            return None
+        if h.flags & (wire.FLAG_RETRYABLE | wire.FLAG_DRAINING):  # not started there
+            self._forget(model)  # the route is stale, or the worker is leaving
+            if call.left() > 0 and (h.flags & wire.FLAG_DRAINING or self._budget.spend()):
+                return self._fall_back(call)
         wire.raise_for_status(h)
-        return None  # unreachable: raise_for_status raised
+        raise AssertionError("raise_for_status raised")  # unreachable: the status was not OK
+
+    def _fall_back(self, call: _Call) -> None:
+        """The request goes through a router (it provably did not start at the worker)."""
+        if call.left() <= 0:
+            raise DeadlineExceeded(
+                f"request to {call.model} ran out of time (it did not start at the worker)"
+            )
+        self.stats.fallbacks += 1
 
     def _link(self, route: Route) -> Forwarder:
         if self._fwd is None:
@@ -340,9 +427,10 @@ class AsyncMeshClient:
             route.curve_public_key,
         ):
             self._targets[route.worker_id] = route
-            held = {c.route.worker_id for c in self._routes.values()}
-            self._targets = {w: r for w, r in self._targets.items() if w in held}  # links still routed to
-            self._fwd.sync(self._targets)
+            fwd, held = self._fwd, {c.route.worker_id for c in self._routes.values()} | {route.worker_id}
+            # a link closes only when no route names it and nothing is in flight on it
+            self._targets = {w: r for w, r in self._targets.items() if w in held or fwd.in_flight(w)}
+            fwd.sync(self._targets)
         return self._fwd
 
     # -- routes ----------------------------------------------------------------------------------------
@@ -354,26 +442,40 @@ class AsyncMeshClient:
             model, version or "", key or "", priority, time.monotonic() + self.timeout
         )
 
-    async def _cached_route(
-        self, model: str, version: str, key: str, priority: int, deadline: float
-    ) -> Route:
-        cache_key = (model, version, key)
+    async def _cached_route(self, call: _Call) -> Route:
+        model, cache_key = call.model, (call.model, call.version, call.key)
         cached = self._routes.get(cache_key)
-        now = time.monotonic()
-        if cached is not None and cached.expires > now:
+        if cached is not None and cached.expires > time.monotonic():
             self._routes.move_to_end(cache_key)
             return cached.route
         asking = self._asking.get(cache_key)
-        if asking is None:  # one Route call per key at a time, however many requests wait for it
-            asking = asyncio.ensure_future(self._ask_route(model, version, key, priority, deadline))
+        if asking is None:  # one Route call per key at a time, on the client's deadline, not a caller's
+            ask = self._ask_route(
+                model, call.version, call.key, call.priority, time.monotonic() + self.timeout
+            )
+            asking = asyncio.ensure_future(ask)
             self._asking[cache_key] = asking
-            asking.add_done_callback(lambda _: self._asking.pop(cache_key, None))
-        route = await asyncio.shield(asking)
-        self._routes[cache_key] = _Cached(route, time.monotonic() + self._ttl)
+            generation = self._forgotten.get(model, 0)
+            asking.add_done_callback(lambda done: self._asked(cache_key, generation, done))
+        left = call.left()
+        if left <= 0:
+            raise DeadlineExceeded(f"request to {model} ran out of time waiting for its route")
+        try:
+            return await asyncio.wait_for(asyncio.shield(asking), left)
+        except TimeoutError:
+            raise DeadlineExceeded(f"request to {model} ran out of time waiting for its route") from None
+
+    def _asked(self, cache_key: tuple[str, str, str], generation: int, done: asyncio.Future[Route]) -> None:
+        """A Route call ended: cache its answer, unless the model's routes were dropped meanwhile."""
+        self._asking.pop(cache_key, None)
+        if done.cancelled() or done.exception() is not None:  # (retrieved: its waiters raise it)
+            return
+        if self._forgotten.get(cache_key[0], 0) != generation:
+            return  # asked before a failure dropped the model's routes: maybe stale
+        self._routes[cache_key] = _Cached(done.result(), time.monotonic() + self._ttl)
         self._routes.move_to_end(cache_key)
         while len(self._routes) > _ROUTES_KEPT:
             self._routes.popitem(last=False)
-        return route
 
     async def _ask_route(self, model: str, version: str, key: str, priority: int, deadline: float) -> Route:
         request = inference_pb2.RouteRequest(model=model, version=version, routing_key=key, priority=priority)
@@ -381,10 +483,11 @@ class AsyncMeshClient:
         self.stats.route_calls += 1
         return Route(
             model, r.version, r.worker_id, r.data_endpoint, r.breaker_level, r.header_flags,
-            r.curve_public_key, tuple(r.features_off), frozenset(r.zmq_features), r.incarnation,
+            r.curve_public_key, tuple(r.features_off), frozenset(r.zmq_features), r.incarnation, r.idempotent,
         )  # fmt: skip
 
     def _forget(self, model: str) -> None:
+        self._forgotten[model] = self._forgotten.get(model, 0) + 1
         for cache_key in [k for k in self._routes if k[0] == model]:
             del self._routes[cache_key]
 
@@ -402,22 +505,32 @@ class AsyncMeshClient:
 
     async def _on_routers(self, method: str, request: Any, deadline: float, *, idempotent: bool) -> Any:
         """Call ``method`` on the router that answered last, moving on to the next only when the call
-        provably did not start there (or, ``idempotent``, the router is unreachable)."""
+        provably did not start there; an ``idempotent`` call also on any ``UNAVAILABLE`` and, since each
+        try gets its share of the time left, on a router that does not answer in it (frozen)."""
         routers = self._router_list()
         tried: list[str] = []
         for step in range(len(routers)):
             index = (self._current + step) % len(routers)
-            router = routers[index]
+            router, last = routers[index], step == len(routers) - 1
             left = deadline - time.monotonic()
             if left <= 0:
                 raise DeadlineExceeded(f"{method} ran out of time (tried {', '.join(tried) or 'no router'})")
+            share = left if last or not idempotent else left / (len(routers) - step)
             try:
-                reply = await getattr(router.inference, method)(request, timeout=left)
+                reply = await getattr(router.inference, method)(request, timeout=share)
             except grpc.RpcError as rpc_error:
                 error = from_rpc_error(rpc_error)
                 reached = not _never_reached(rpc_error)
-                movable = not reached or error.not_started or (idempotent and isinstance(error, Unavailable))
-                if not movable or step == len(routers) - 1:
+                if reached:
+                    self._current = index  # it answered: the next call starts there
+                else:
+                    not_started(error)
+                movable = (
+                    not reached
+                    or error.not_started
+                    or (idempotent and isinstance(error, Unavailable | DeadlineExceeded))
+                )
+                if not movable or last:
                     if tried and not reached:
                         where = ", ".join([*tried, router.address])
                         unreached = Unavailable(f"no router could be reached ({where}): {error.message}")
@@ -482,11 +595,15 @@ class AsyncMeshClient:
 
 class MeshClient:
     """The blocking client: ``AsyncMeshClient``'s methods, run on a private event loop in a daemon thread
-    (so it may be shared by threads). Use it as a context manager, or call ``close()``."""
+    (so it may be shared by threads). Use it as a context manager, or call ``close()``: calls still
+    running then fail ``Unavailable`` "closed" (a direct one that was out may have run)."""
 
     def __init__(self, routers: str | Sequence[str] = DEFAULT_ROUTER, **options: Any) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="mcpclient", daemon=True)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._calls: set[concurrent.futures.Future[Any]] = set()
         self._thread.start()
         try:
             self._client: AsyncMeshClient = self._run(_create(routers, options))
@@ -495,10 +612,22 @@ class MeshClient:
             raise
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        if self._loop.is_closed():
-            coro.close()
-            raise Unavailable("this MeshClient is closed")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        with self._lock:
+            if self._closed:
+                coro.close()
+                raise Unavailable("this MeshClient is closed")
+            future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+            self._calls.add(future)
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            raise Unavailable("this MeshClient was closed while the call ran") from None
+        except BaseException:  # KeyboardInterrupt, ...: the call stops too
+            future.cancel()
+            raise
+        finally:
+            with self._lock:
+                self._calls.discard(future)
 
     def __enter__(self) -> MeshClient:
         return self
@@ -512,7 +641,7 @@ class MeshClient:
 
     @property
     def in_flight(self) -> int:
-        return self._client.in_flight
+        return self._run(_in_flight(self._client))
 
     def infer(self, model: str, inputs: Mapping[str, Any], **kw: Any) -> dict[str, np.ndarray]:
         return self._run(self._client.infer(model, inputs, **kw))
@@ -530,10 +659,16 @@ class MeshClient:
         return self._run(self._client.status(model, **kw))
 
     def close(self) -> None:
-        if self._loop.is_closed():
-            return
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            running = list(self._calls)
+        for future in running:  # their tasks are cancelled on the loop; their callers get Unavailable
+            future.cancel()
         try:
-            self._run(self._client.close())
+            concurrent.futures.wait(running, timeout=5)
+            asyncio.run_coroutine_threadsafe(self._client.close(), self._loop).result(timeout=10)
         finally:
             self._stop()
 
@@ -541,6 +676,10 @@ class MeshClient:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
+
+
+async def _in_flight(client: AsyncMeshClient) -> int:
+    return client.in_flight
 
 
 async def _create(routers: str | Sequence[str], options: Mapping[str, Any]) -> AsyncMeshClient:

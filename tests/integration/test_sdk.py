@@ -40,12 +40,14 @@ from harness import (
 from mcpapi.v2 import worker_pb2
 from mcpclient import (
     AsyncMeshClient,
+    DeadlineExceeded,
     InvalidArgument,
     MCPError,
     MeshClient,
     NotFound,
     Unavailable,
 )
+from mcpclient import client as client_module
 from mcpcore.keys import Keyspace
 
 MODEL = "demo-mlp"
@@ -138,14 +140,19 @@ def test_router_path_and_direct_path_give_identical_outputs(cluster: Cluster, re
 
 
 def test_the_route_is_asked_once_and_kept_at_most_its_ttl(cluster: Cluster) -> None:
-    with cluster.client(route_ttl_s=60) as client:
+    with cluster.client(route_ttl_s=1.0) as client:
+        started = time.monotonic()
         for seed in range(5):
             client.infer(MODEL, {"INPUT0": _x(seed=seed)}, key="user-7", direct=True)
-        assert client.stats.route_calls == 1 and client.stats.direct == 5
+        elapsed = time.monotonic() - started
+        assert client.stats.direct == 5
+        assert client.stats.route_calls == 1 + int(elapsed // 1.0)  # once per second the route lives
     with cluster.client(route_ttl_s=0) as client:  # no caching: a Route per request
         for seed in range(3):
             client.infer(MODEL, {"INPUT0": _x(seed=seed)}, key="user-7", direct=True)
         assert client.stats.route_calls == 3
+    with pytest.raises(InvalidArgument, match="at most"):  # a route may live 1 s at most
+        cluster.client(route_ttl_s=60)
 
 
 def test_direct_requests_are_counted_by_their_worker_for_the_breakers(
@@ -210,8 +217,11 @@ def _route_worker(cluster: Cluster) -> str:
         return client.route(MODEL, "burst").worker_id
 
 
-def test_a_request_the_worker_did_not_start_goes_through_the_router(cluster: Cluster) -> None:
-    with cluster.client(route_ttl_s=60) as client:
+def test_a_request_the_worker_did_not_start_goes_through_the_router(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client_module, "MAX_ROUTE_TTL_S", 60.0)  # the stale route must outlive the unload
+    with cluster.client(route_ttl_s=60.0) as client:
         x = _x()
         client.infer(MODEL, {"INPUT0": x}, version="1", key="moved", direct=True)  # caches the route
         worker = cluster.worker(client.route(MODEL, "moved", version="1").worker_id)
@@ -219,8 +229,8 @@ def test_a_request_the_worker_did_not_start_goes_through_the_router(cluster: Clu
         try:
             out = client.infer(MODEL, {"INPUT0": x}, version="1", key="moved", direct=True)
             assert out["OUTPUT0"].shape == (4, 16)
-            assert client.stats.fallbacks == 1  # "not held here": not started, so the router served it
-            assert client.stats.route_calls >= 2 or client.stats.routed == 1
+            # "not held here": not started, so the router served it
+            assert (client.stats.fallbacks, client.stats.routed, client.stats.direct) == (1, 1, 1)
         finally:  # the scheduler puts the copy back; later tests want both
             wait_for(lambda: client.status(MODEL)[0].running("1") == 2, timeout_s=60, what="the copy back")
 
@@ -258,18 +268,22 @@ def test_errors_are_typed_on_both_paths(cluster: Cluster) -> None:
         MeshClient([])
 
 
-def test_a_direct_request_whose_worker_dies_is_not_sent_again(
-    tmp_path: Path, etcd_endpoint: str, repo: Path
+@pytest.mark.parametrize(
+    ("model", "resent"),
+    [("demo-stateful", False), ("demo-slow", True)],  # idempotent: false / true in their model.yaml
+)
+def test_a_direct_request_whose_worker_dies_is_sent_again_only_if_idempotent(
+    tmp_path: Path, etcd_endpoint: str, repo: Path, model: str, resent: bool
 ) -> None:
-    with small_mesh(tmp_path, etcd_endpoint, repo, "demo-slow", ["1"]) as mesh:
+    with small_mesh(tmp_path, etcd_endpoint, repo, model, ["1"]) as mesh:
         address = mesh.router.endpoints["grpc"]
         with MeshClient(address, scheduler=mesh.scheduler.endpoints["grpc"], timeout=20) as client:
-            client.infer("demo-slow", {"INPUT0": _x(rows=1)}, direct=True)  # link up, route cached
+            client.infer(model, {"INPUT0": _x(rows=1)}, direct=True)  # link up, route cached
             outcome: dict[str, BaseException | None] = {}
 
             def send() -> None:
                 try:
-                    client.infer("demo-slow", {"INPUT0": _x(rows=1)}, direct=True)
+                    client.infer(model, {"INPUT0": _x(rows=1)}, direct=True)
                     outcome["error"] = None
                 except BaseException as exc:
                     outcome["error"] = exc
@@ -282,8 +296,12 @@ def test_a_direct_request_whose_worker_dies_is_not_sent_again(
             mesh.worker.proc.wait(5)
             sender.join(30)
             error = outcome["error"]
-            assert isinstance(error, Unavailable) and "may have started" in error.message, error
-            assert client.stats.fallbacks == 0 and client.stats.routed == 0
+            assert isinstance(error, Unavailable), error
+            assert client.stats.fallbacks == 0 and client.stats.resends == int(resent)
+            if resent:  # sent once more through the router, which has no other copy to give it
+                assert "may have started" not in error.message and client.stats.routed == 0
+            else:
+                assert "may have started" in error.message and "not idempotent" in error.message
 
 
 def test_the_direct_path_speaks_curve_to_a_worker_that_requires_it(
@@ -316,3 +334,117 @@ def test_the_direct_path_speaks_curve_to_a_worker_that_requires_it(
     finally:
         for proc in reversed(started):
             proc.stop()
+
+
+def _keys_on_two_workers(client: MeshClient) -> tuple[str, str]:
+    """Two routing keys whose requests go to different workers."""
+    first = client.route(MODEL, "k0", version="1").worker_id
+    for i in range(1, 200):
+        if client.route(MODEL, f"k{i}", version="1").worker_id != first:
+            return "k0", f"k{i}"
+    raise AssertionError("every key maps to one worker")
+
+
+def test_a_link_with_requests_in_flight_stays_open_when_its_routes_go(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Routes are dropped on any failure; the link they named must not close under requests still out."""
+    monkeypatch.setattr(client_module, "MAX_ROUTE_TTL_S", 60.0)
+    with cluster.client(route_ttl_s=60.0) as client:
+        key_a, key_b = _keys_on_two_workers(client)
+        worker_a = cluster.worker(client.route(MODEL, key_a, version="1").worker_id)
+        client.infer(MODEL, {"INPUT0": _x()}, version="1", key=key_a, direct=True)  # link to A up
+        outcome: dict[str, object] = {}
+        os.kill(worker_a.proc.pid, signal.SIGSTOP)  # A holds the next request (well inside its heartbeat)
+        try:
+            sender = threading.Thread(
+                target=lambda: outcome.update(
+                    out=client.infer(MODEL, {"INPUT0": _x()}, version="1", key=key_a, direct=True)
+                )
+            )
+            sender.start()
+            wait_for(lambda: client.in_flight == 1, what="the request out to A")
+            client._client._forget(MODEL)  # what a failed request of another key does to the cache
+            client.infer(MODEL, {"INPUT0": _x()}, version="1", key=key_b, direct=True)  # opens B's link
+        finally:
+            os.kill(worker_a.proc.pid, signal.SIGCONT)
+        sender.join(30)
+        assert outcome["out"]["OUTPUT0"].shape == (4, 16)  # answered by A over the link kept open
+        assert client.stats.fallbacks == 0 and client.stats.direct == 3
+
+
+def test_closing_a_client_ends_its_running_calls(cluster: Cluster) -> None:
+    client = cluster.client()
+    worker = cluster.worker(client.route(MODEL, "closing", version="1").worker_id)
+    client.infer(MODEL, {"INPUT0": _x()}, version="1", key="closing", direct=True)
+    outcome: dict[str, BaseException] = {}
+
+    def send() -> None:
+        try:
+            client.infer(MODEL, {"INPUT0": _x()}, version="1", key="closing", direct=True)
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    os.kill(worker.proc.pid, signal.SIGSTOP)
+    try:
+        sender = threading.Thread(target=send)
+        sender.start()
+        wait_for(lambda: client.in_flight == 1, what="the request out")
+        client.close()
+        sender.join(10)
+        assert not sender.is_alive()
+    finally:
+        os.kill(worker.proc.pid, signal.SIGCONT)
+    assert isinstance(outcome["error"], Unavailable) and "closed" in outcome["error"].message
+    with pytest.raises(Unavailable, match="closed"):
+        client.infer(MODEL, {"INPUT0": _x()})
+    client.close()  # twice is fine
+
+
+def test_bad_arguments_are_invalid_argument_before_anything_is_sent(cluster: Cluster) -> None:
+    with cluster.client() as client:
+        x = _x()
+        for kwargs in (
+            {"priority": -1}, {"priority": 2**40}, {"priority": "high"}, {"version": 3}, {"key": 5},
+            {"timeout": 0}, {"timeout": -1.0}, {"outputs": "OUTPUT0"},
+        ):  # fmt: skip
+            with pytest.raises(InvalidArgument):
+                client.infer(MODEL, {"INPUT0": x}, direct=True, **kwargs)
+        with pytest.raises(InvalidArgument):
+            client.infer(MODEL, {7: x})
+        with pytest.raises(InvalidArgument):
+            client.infer(MODEL, {"INPUT0": np.array([object()])})
+        assert client.stats.route_calls == 0 and client.stats.routed == 0
+
+
+def test_direct_requests_past_their_deadline_raise_the_breaker(cluster: Cluster, etcd_endpoint: str) -> None:
+    """Producer and consumer for real: direct requests to a slow model that time out are counted by its
+    worker as timeouts, and the health service raises the model's breaker from that window alone."""
+    keys = Keyspace(cluster.prefix)
+    with cluster.client() as client:
+        client.load("demo-slow", ["1"], replicas=1)
+        wait_for(lambda: _routable_model(client, "demo-slow"), what="demo-slow routed")
+        for seed in range(25):  # demo-slow takes 50 ms; each request gives it 10
+            with pytest.raises(DeadlineExceeded):
+                client.infer("demo-slow", {"INPUT0": _x(rows=1, seed=seed)}, timeout=0.01, direct=True)
+        assert client.stats.routed == 0
+        windows = [keys.direct_stats(w.worker_id, "demo-slow") for w in cluster.workers]
+        wait_for(
+            lambda: sum((etcd_get(etcd_endpoint, k) or {}).get("timeout", 0) for k in windows) >= 20,
+            what="the timeouts in the worker's direct window",
+        )
+        level = wait_for(
+            lambda: (etcd_get(etcd_endpoint, keys.breaker("demo-slow")) or {}).get("level", 0),
+            timeout_s=20,
+            what="demo-slow's breaker raised",
+        )
+        assert level >= 1
+        client.unload("demo-slow")
+
+
+def _routable_model(client: MeshClient, model: str) -> bool:
+    try:
+        client.route(model)
+    except MCPError:
+        return False
+    return True

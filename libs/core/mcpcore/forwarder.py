@@ -241,8 +241,8 @@ class Forwarder:
         if link.down:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout_s):
-                    await link.up.wait()
-        return not link.down
+                    await link.up.wait()  # also set when the link closes
+        return self._links.get(worker_id) is link and not link.down
 
     def usable(self, worker_id: str) -> bool:
         """Connected and not draining: a new request may go there."""
@@ -273,6 +273,8 @@ class Forwarder:
         self._ctx.term()
 
     def _close(self, worker_id: str, link: _Link, why: str) -> None:
+        link.down = True
+        link.up.set()  # wakes ``wait_connected``: it finds the link gone
         if self._loop is not None:
             self._loop.remove_reader(link.sock.FD)
         for task in link.tasks:

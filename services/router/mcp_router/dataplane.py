@@ -122,6 +122,7 @@ class RouteDecision:
     features_off: tuple[str, ...] = ()  # with FLAG_SECONDARY_FEATURES_OFF: which features
     zmq_features: tuple[str, ...] = ()  # what the worker's tensor socket takes (e.g. "batch")
     incarnation: str = ""
+    idempotent: bool = False  # the version may run twice (a direct client's one resend)
 
 
 @dataclass(frozen=True)

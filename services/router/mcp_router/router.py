@@ -387,7 +387,7 @@ class Router(DataPlane):
         return RouteDecision(
             model, chosen, worker, endpoint.zmq, level, flags, endpoint.curve_public_key,
             tuple(table.features_off) if flags & FLAG_SECONDARY_OFF else (),
-            tuple(sorted(endpoint.zmq_features)), endpoint.incarnation,
+            tuple(sorted(endpoint.zmq_features)), endpoint.incarnation, route.idempotent.get(chosen, False),
         )  # fmt: skip
 
     # -- inference -------------------------------------------------------------------------------------

@@ -62,6 +62,7 @@ class InferenceV2(v2_grpc.InferenceServicer):
             features_off=d.features_off,
             zmq_features=d.zmq_features,
             incarnation=d.incarnation,
+            idempotent=d.idempotent,
         )
 
     async def Infer(self, request, context):  # type: ignore[no-untyped-def]

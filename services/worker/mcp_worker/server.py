@@ -178,6 +178,7 @@ class Worker:
                 "_unknown", "_unknown", "zmq", "UNAVAILABLE", seconds=0.0, error_class="unavailable"
             ),
             on_message=self._count_message,
+            on_cancelled=self._cancelled,
             heartbeat_s=config.zmq_heartbeat_s,
             heartbeat_timeout_s=config.zmq_heartbeat_timeout_s,
         )
@@ -341,11 +342,18 @@ class Worker:
 
     def _observe_ok(self, h: tensor_pb2.TensorHeader, replica: Replica, started: float) -> None:
         rid = replica.rid
-        self.metrics.observe_request(
-            rid.model, rid.version, "zmq", "OK", seconds=time.perf_counter() - started
-        )
-        if h.flags & wire.FLAG_DIRECT:
-            self.direct.record(rid.model, None)
+        seconds = time.perf_counter() - started
+        self.metrics.observe_request(rid.model, rid.version, "zmq", "OK", seconds=seconds)
+        if h.flags & wire.FLAG_DIRECT:  # done past its deadline: its client gave up, so a router counts it
+            late = h.timeout_us and seconds * 1e6 > h.timeout_us
+            self.direct.record(rid.model, "timeout" if late else None)
+
+    def _cancelled(self, h: tensor_pb2.TensorHeader) -> None:
+        """Its sender gave up before the answer (its deadline passed): a direct one is a timeout, as a
+        router would count it."""
+        model, _ = self.manager.labels(h.model, h.version)
+        if h.flags & wire.FLAG_DIRECT and model != "_unknown":
+            self.direct.record(model, "timeout")
 
     def _observe_error(self, h: tensor_pb2.TensorHeader, err: MCPError, started: float) -> None:
         model, version = self.manager.labels(h.model, h.version)  # no labels from untrusted names
@@ -353,9 +361,9 @@ class Worker:
         self.metrics.observe_request(
             model, version, "zmq", err.code.name, seconds=time.perf_counter() - started, error_class=kind,
         )  # fmt: skip
-        # Windows only for models held here; a refusal before the start is no outcome: the client
-        # sends it through a router, which counts how it ends.
-        if h.flags & wire.FLAG_DIRECT and model != "_unknown" and not err.not_started:
+        # Windows only for models held here. A refusal before the start is no outcome (the client sends
+        # it through a router, which counts how it ends), except a deadline passed in the queue.
+        if h.flags & wire.FLAG_DIRECT and model != "_unknown" and (not err.not_started or kind == "timeout"):
             self.direct.record(model, kind)
 
     def _state_changed(self, rid: ReplicaId, state: ReplicaState | None) -> None:

@@ -124,6 +124,7 @@ class TensorServer:
         holds: Callable[[str], bool] = lambda model: True,
         on_not_held: Callable[[], None] = lambda: None,
         on_message: Callable[[int], None] = lambda coalesced: None,
+        on_cancelled: Callable[[tensor_pb2.TensorHeader], None] = lambda header: None,
         heartbeat_s: float = 1.0,
         heartbeat_timeout_s: float = 3.0,
     ) -> None:
@@ -135,6 +136,7 @@ class TensorServer:
         self._on_error = on_error or (lambda where: None)
         self.admission = admission or Admission(max_requests=1024, max_bytes=256 << 20)
         self._holds, self._on_not_held, self._on_message = holds, on_not_held, on_message
+        self._on_cancelled = on_cancelled  # a request its sender gave up on (its header), before its end
         self._heartbeat = (heartbeat_s, heartbeat_timeout_s)
         self._ctx = zmq.Context()
         self._sock: zmq.Socket[Any] | None = None
@@ -390,6 +392,7 @@ class TensorServer:
         started = self._started.pop(key, None)
         if started is not None:  # no task to answer it: answered here, as a task would be
             started.withdraw()
+            self._on_cancelled(started.header)
             self.admission.release(started.ticket)
             error = Unavailable("cancelled: the sender gave up on the request")
             reply = [wire.error_reply(started.header, error)]

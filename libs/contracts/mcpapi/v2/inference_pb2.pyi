@@ -20,7 +20,7 @@ class RouteRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., routing_key: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class RouteResponse(_message.Message):
-    __slots__ = ("worker_id", "data_endpoint", "version", "breaker_level", "header_flags", "curve_public_key", "features_off", "zmq_features", "incarnation")
+    __slots__ = ("worker_id", "data_endpoint", "version", "breaker_level", "header_flags", "curve_public_key", "features_off", "zmq_features", "incarnation", "idempotent")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     DATA_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,7 @@ class RouteResponse(_message.Message):
     FEATURES_OFF_FIELD_NUMBER: _ClassVar[int]
     ZMQ_FEATURES_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENT_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     data_endpoint: str
     version: str
@@ -39,7 +40,8 @@ class RouteResponse(_message.Message):
     features_off: _containers.RepeatedScalarFieldContainer[str]
     zmq_features: _containers.RepeatedScalarFieldContainer[str]
     incarnation: str
-    def __init__(self, worker_id: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., version: _Optional[str] = ..., breaker_level: _Optional[int] = ..., header_flags: _Optional[int] = ..., curve_public_key: _Optional[str] = ..., features_off: _Optional[_Iterable[str]] = ..., zmq_features: _Optional[_Iterable[str]] = ..., incarnation: _Optional[str] = ...) -> None: ...
+    idempotent: bool
+    def __init__(self, worker_id: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., version: _Optional[str] = ..., breaker_level: _Optional[int] = ..., header_flags: _Optional[int] = ..., curve_public_key: _Optional[str] = ..., features_off: _Optional[_Iterable[str]] = ..., zmq_features: _Optional[_Iterable[str]] = ..., incarnation: _Optional[str] = ..., idempotent: _Optional[bool] = ...) -> None: ...
 
 class Tensor(_message.Message):
     __slots__ = ("name", "shape", "data", "dtype")
