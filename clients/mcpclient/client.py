@@ -68,6 +68,7 @@ DEFAULT_ROUTER = "127.0.0.1:8001"
 DEFAULT_SCHEDULER = "127.0.0.1:50051"
 _MAX_MESSAGE = 256 << 20  # gRPC message limit both ways (bulk tensors through the router)
 _CONNECT_WAIT_S = 1.0  # the most a direct request waits for a new link's handshake before the router
+_UNREACHABLE_S = 5.0  # then, how long that worker's requests go by the router without waiting again
 _ROUTES_KEPT = 1024  # cached routes (one per model, version and routing key), least recent dropped
 MAX_ROUTE_TTL_S = 1.0  # the most a cached route may live
 MAX_PRIORITY = (1 << 32) - 1  # TensorHeader.priority is a uint32
@@ -308,6 +309,7 @@ class AsyncMeshClient:
         self._forgotten: dict[str, int] = {}  # model -> how often its routes were dropped (stale answers)
         self._targets: dict[str, Route] = {}  # worker -> the route its link was opened for
         self._budget = _Budget()
+        self._unreachable: dict[str, float] = {}  # worker -> until when its link is not waited for
         self.stats = ClientStats()
 
     @property
@@ -371,9 +373,13 @@ class AsyncMeshClient:
         """The worker's answer, or None for "send it through a router" (the delivery rules above)."""
         model = call.model
         route = await self._cached_route(call)
+        if self._unreachable.get(route.worker_id, 0.0) > time.monotonic():  # its link would not come up
+            return self._fall_back(call)
         fwd = self._link(route)
         if not await fwd.wait_connected(route.worker_id, min(call.left(), _CONNECT_WAIT_S)):
             self._forget(model)
+            if call.left() > 0:  # it had the whole wait: the next requests go by the router for a while
+                self._unreachable[route.worker_id] = time.monotonic() + _UNREACHABLE_S
             return self._fall_back(call)
         left = call.left()
         if left <= 0:
