@@ -187,8 +187,9 @@ def _model_status(ctl: Ctl, model: str) -> model_pb2.ModelStatus:
 
 
 def _pause_command(name: str, method: str, request: Any, verb: str, help_: str) -> click.Command:
-    """pause and resume: MODEL [--version V]; the model as it stands after it. Without --version, every
-    version in the model's spec, one call each (the scheduler takes one version per call)."""
+    """pause and resume: MODEL [--version V], one call; without --version the scheduler takes every version
+    the model's spec declares. Prints the whole model as it stands after it: the reply covers only the
+    version asked for, so with --version the model is read again."""
 
     @click.command(name=name, help=help_)
     @click.argument("model")
@@ -197,9 +198,8 @@ def _pause_command(name: str, method: str, request: Any, verb: str, help_: str) 
     @output_option
     @pass_ctl
     def command(ctl: Ctl, model: str, version: str) -> None:
-        for v in [version] if version else list(_model_status(ctl, model).spec.versions):
-            ctl.call("scheduler", method, request(model=model, version=v), timeout=LOAD_TIMEOUT_S)
-        doc = model_doc(_model_status(ctl, model))
+        status = ctl.call("scheduler", method, request(model=model, version=version), LOAD_TIMEOUT_S).status
+        doc = model_doc(_model_status(ctl, model) if version else status)
         ctl.emit(doc, lambda: Text(f"{model}{'/' + version if version else ''}: {verb}"))
 
     return command

@@ -27,6 +27,7 @@ from harness import (
 from mcpapi.v1 import control_pb2 as v1
 from mcpapi.v1 import control_pb2_grpc as v1_grpc
 from mcpapi.v2 import control_pb2, control_pb2_grpc, model_pb2, worker_pb2
+from mcpcore.errors import Unavailable
 from mcpcore.etcd_store import EtcdStore
 from mcpcore.keys import Keyspace
 from mcpcore.store import EventType
@@ -334,6 +335,38 @@ def test_pause_resume_and_drain(cluster, stub):
     # the worker takes replicas again: two copies need both workers
     status = load(stub, spec("demo-mlp", "1", replicas=2))
     assert {w for _, w in running(status)} == {w.worker_id for w in cluster["workers"]}
+    stub.UnloadModel(control_pb2.UnloadModelRequest(model="demo-mlp"), timeout=60)
+
+
+def test_pause_and_resume_without_a_version_cover_every_version(cluster, stub):
+    """An empty version means every version the spec declares (control.proto); the workers are the judge."""
+    workers = {w.worker_id: w for w in cluster["workers"]}
+    placed = running(load(stub, spec("demo-mlp", "1", "2")))
+    assert [v for v, _ in placed] == ["1", "2"]
+
+    def answers(version: str, worker_id: str) -> bool:
+        with TensorClient(workers[worker_id].endpoints["zmq"]) as client:
+            try:
+                client.infer("demo-mlp", {"INPUT0": X}, version=version)
+            except Unavailable as err:
+                assert "is paused" in err.message
+                return False
+        return True
+
+    paused = stub.PauseModel(control_pb2.PauseModelRequest(model="demo-mlp"), timeout=30).status
+    states = sorted((r.version, model_pb2.ModelState.Name(r.state)) for r in paused.replicas)
+    assert states == [("1", "PAUSED"), ("2", "PAUSED")]
+    assert not any(answers(v, w) for v, w in placed)
+    resumed = stub.ResumeModel(control_pb2.ResumeModelRequest(model="demo-mlp"), timeout=30).status
+    assert running(resumed) == placed
+    assert all(answers(v, w) for v, w in placed)
+    for call, request in (
+        (stub.PauseModel, control_pb2.PauseModelRequest(model="no-such-model")),
+        (stub.ResumeModel, control_pb2.ResumeModelRequest(model="no-such-model")),
+    ):
+        with pytest.raises(grpc.RpcError) as info:  # every version of nothing: NOT_FOUND, as with a version
+            call(request, timeout=10)
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND and "no-such-model" in info.value.details()
     stub.UnloadModel(control_pb2.UnloadModelRequest(model="demo-mlp"), timeout=60)
 
 

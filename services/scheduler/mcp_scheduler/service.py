@@ -200,17 +200,22 @@ class ControlService:
     async def set_paused(
         self, model: str, version: str, paused: bool, *, timeout_s: float | None = None
     ) -> ModelStatusView:
-        check_version(version)
+        """Pause (or resume) one version, or with an empty ``version`` every version the spec declares (the
+        contract of PauseModelRequest and ResumeModelRequest); returns once their replicas are there."""
+        check_name(model, "model name")
+        if version:
+            check_version(version)
 
         def change(cur: ModelSpecDoc | None) -> ModelSpecDoc:
             if cur is None:
                 raise NotFound(f"model {model} is not registered")
-            if version not in cur.versions:
+            if version and version not in cur.versions:
                 raise NotFound(
                     f"version {version} of {model} is not loaded; loaded: {', '.join(cur.versions)}"
                 )
-            rest = tuple(v for v in cur.paused_versions if v != version)
-            return replace(cur, paused_versions=(*rest, version) if paused else rest)
+            chosen = (version,) if version else cur.versions
+            rest = tuple(v for v in cur.paused_versions if v not in chosen)
+            return replace(cur, paused_versions=(*rest, *chosen) if paused else rest)
 
         revision = await self._update_spec(model, change)
         want = ReplicaState.PAUSED if paused else ReplicaState.RUNNING
@@ -219,7 +224,7 @@ class ControlService:
             lambda s: bool(s.replicas) and all(r.state is want for r in s.replicas),
             min_revision=revision,
             timeout_s=timeout_s,
-            what=f"{'pause' if paused else 'resume'} of {model}/{version}",
+            what=f"{'pause' if paused else 'resume'} of {model}{'/' + version if version else ''}",
             version=version,
         )
         return self.status(model, version)
