@@ -35,7 +35,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -68,6 +68,7 @@ DEFAULT_ROUTER = "127.0.0.1:8001"
 DEFAULT_SCHEDULER = "127.0.0.1:50051"
 _MAX_MESSAGE = 256 << 20  # gRPC message limit both ways (bulk tensors through the router)
 _CONNECT_WAIT_S = 1.0  # the most a direct request waits for a new link's handshake before the router
+_SPREAD = 8  # the most copies a keyless request's cache entry spreads over (RouteRequest.candidates)
 _UNREACHABLE_S = 5.0  # then, how long that worker's requests go by the router without waiting again
 _ROUTES_KEPT = 1024  # cached routes (one per model, version and routing key), least recent dropped
 MAX_ROUTE_TTL_S = 1.0  # the most a cached route may live
@@ -149,8 +150,17 @@ class ClientStats:
 
 @dataclass(slots=True)
 class _Cached:
-    route: Route
+    routes: tuple[Route, ...]  # one, or for a keyless request the copies it may go to
     expires: float
+    turn: int = 0
+
+    def pick(self, in_flight: Callable[[str], int]) -> Route:
+        """The route whose worker has the fewest of this client's requests in flight (ties in turn)."""
+        if len(self.routes) == 1:
+            return self.routes[0]
+        self.turn += 1
+        n = len(self.routes)
+        return min((self.routes[(self.turn + i) % n] for i in range(n)), key=lambda r: in_flight(r.worker_id))
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +272,13 @@ def _array(t: inference_pb2.Tensor) -> np.ndarray:
     return dtypes.from_bytes(dtypes.name_of(t.dtype), t.data, tuple(t.shape), f"output {t.name}")
 
 
+def _route(model: str, r: inference_pb2.RouteResponse) -> Route:
+    return Route(
+        model, r.version, r.worker_id, r.data_endpoint, r.breaker_level, r.header_flags, r.curve_public_key,
+        tuple(r.features_off), frozenset(r.zmq_features), r.incarnation, r.idempotent,
+    )  # fmt: skip
+
+
 def _model_info(m: model_pb2.ModelStatus) -> ModelInfo:
     replicas = tuple(
         ReplicaInfo(r.version, r.worker_id, model_pb2.ModelState.Name(r.state), r.reason) for r in m.replicas
@@ -305,7 +322,7 @@ class AsyncMeshClient:
         self._control_channel: grpc.aio.Channel | None = None
         self._fwd: Forwarder | None = None
         self._routes: OrderedDict[tuple[str, str, str], _Cached] = OrderedDict()
-        self._asking: dict[tuple[str, str, str], asyncio.Future[Route]] = {}
+        self._asking: dict[tuple[str, str, str], asyncio.Future[tuple[Route, ...]]] = {}
         self._forgotten: dict[str, int] = {}  # model -> how often its routes were dropped (stale answers)
         self._targets: dict[str, Route] = {}  # worker -> the route its link was opened for
         self._budget = _Budget()
@@ -433,7 +450,10 @@ class AsyncMeshClient:
             route.curve_public_key,
         ):
             self._targets[route.worker_id] = route
-            fwd, held = self._fwd, {c.route.worker_id for c in self._routes.values()} | {route.worker_id}
+            fwd, held = (
+                self._fwd,
+                {r.worker_id for c in self._routes.values() for r in c.routes} | {route.worker_id},
+            )
             # a link closes only when no route names it and nothing is in flight on it
             self._targets = {w: r for w, r in self._targets.items() if w in held or fwd.in_flight(w)}
             fwd.sync(self._targets)
@@ -444,21 +464,18 @@ class AsyncMeshClient:
         self, model: str, key: str | None = None, *, version: str | None = None, priority: int = 0
     ) -> Route:
         """Where a request would go now (asks a router; never cached)."""
-        return await self._ask_route(
-            model, version or "", key or "", priority, time.monotonic() + self.timeout
-        )
+        deadline = time.monotonic() + self.timeout
+        return (await self._ask_route(model, version or "", key or "", priority, deadline))[0]
 
     async def _cached_route(self, call: _Call) -> Route:
         model, cache_key = call.model, (call.model, call.version, call.key)
         cached = self._routes.get(cache_key)
         if cached is not None and cached.expires > time.monotonic():
             self._routes.move_to_end(cache_key)
-            return cached.route
+            return cached.pick(self._in_flight_at)
         asking = self._asking.get(cache_key)
         if asking is None:  # one Route call per key at a time, on the client's deadline, not a caller's
-            ask = self._ask_route(
-                model, call.version, call.key, call.priority, time.monotonic() + self.timeout
-            )
+            ask = self._ask_routes(call, time.monotonic() + self.timeout)
             asking = asyncio.ensure_future(ask)
             self._asking[cache_key] = asking
             generation = self._forgotten.get(model, 0)
@@ -467,11 +484,26 @@ class AsyncMeshClient:
         if left <= 0:
             raise DeadlineExceeded(f"request to {model} ran out of time waiting for its route")
         try:
-            return await asyncio.wait_for(asyncio.shield(asking), left)
+            routes = await asyncio.wait_for(asyncio.shield(asking), left)
         except TimeoutError:
             raise DeadlineExceeded(f"request to {model} ran out of time waiting for its route") from None
+        cached = self._routes.get(cache_key)  # filled by ``_asked`` before its waiters resume
+        return cached.pick(self._in_flight_at) if cached is not None else routes[0]
 
-    def _asked(self, cache_key: tuple[str, str, str], generation: int, done: asyncio.Future[Route]) -> None:
+    def _in_flight_at(self, worker: str) -> int:
+        return 0 if self._fwd is None else self._fwd.in_flight(worker)
+
+    async def _ask_routes(self, call: _Call, deadline: float) -> tuple[Route, ...]:
+        """The route for a keyed request; for a keyless one also the other copies of its version that
+        may take it now (``RouteRequest.candidates``), so a client's keyless traffic spreads over the
+        replicas as a router's does (each request to the copy with the fewest of this client's in flight)."""
+        return await self._ask_route(
+            call.model, call.version, call.key, call.priority, deadline, candidates=1 if call.key else _SPREAD
+        )
+
+    def _asked(
+        self, cache_key: tuple[str, str, str], generation: int, done: asyncio.Future[tuple[Route, ...]]
+    ) -> None:
         """A Route call ended: cache its answer, unless the model's routes were dropped meanwhile."""
         self._asking.pop(cache_key, None)
         if done.cancelled() or done.exception() is not None:  # (retrieved: its waiters raise it)
@@ -483,14 +515,15 @@ class AsyncMeshClient:
         while len(self._routes) > _ROUTES_KEPT:
             self._routes.popitem(last=False)
 
-    async def _ask_route(self, model: str, version: str, key: str, priority: int, deadline: float) -> Route:
-        request = inference_pb2.RouteRequest(model=model, version=version, routing_key=key, priority=priority)
+    async def _ask_route(
+        self, model: str, version: str, key: str, priority: int, deadline: float, *, candidates: int = 1
+    ) -> tuple[Route, ...]:
+        request = inference_pb2.RouteRequest(
+            model=model, version=version, routing_key=key, priority=priority, candidates=candidates
+        )
         r = await self._on_routers("Route", request, deadline, idempotent=True)
         self.stats.route_calls += 1
-        return Route(
-            model, r.version, r.worker_id, r.data_endpoint, r.breaker_level, r.header_flags,
-            r.curve_public_key, tuple(r.features_off), frozenset(r.zmq_features), r.incarnation, r.idempotent,
-        )  # fmt: skip
+        return tuple(_route(model, answer) for answer in (r, *r.alternatives))
 
     def _forget(self, model: str) -> None:
         self._forgotten[model] = self._forgotten.get(model, 0) + 1

@@ -83,7 +83,9 @@ class NumpyDataPlane(DataPlane):
             self.model_metadata(name, version)
         return [ModelStats(name, "1") for name in names]
 
-    def route(self, model: str, version: str = "", routing_key: str = "") -> RouteDecision:
+    def route(
+        self, model: str, version: str = "", routing_key: str = "", candidates: int = 1
+    ) -> RouteDecision:
         self.model_metadata(model, version)
         return RouteDecision(model, "1", "local", "inproc://local", 0, 0)
 

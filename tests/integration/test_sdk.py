@@ -40,6 +40,7 @@ from harness import (
 from mcpapi.v2 import worker_pb2
 from mcpclient import (
     AsyncMeshClient,
+    ClientStats,
     DeadlineExceeded,
     InvalidArgument,
     MCPError,
@@ -161,18 +162,20 @@ def test_direct_requests_are_counted_by_their_worker_for_the_breakers(
     keys = Keyspace(cluster.prefix)
     with cluster.client() as client:
         worker = client.route(MODEL, "counted").worker_id
+        key = keys.direct_stats(worker, MODEL)
+        before = etcd_get(etcd_endpoint, key) or {"requests": 0, "client": 0}  # earlier tests' traffic
         for seed in range(7):
             client.infer(MODEL, {"INPUT0": _x(seed=seed)}, key="counted", direct=True)
         with pytest.raises(InvalidArgument):  # a client error: counted as such, never as the server's
             client.infer(MODEL, {"INPUT0": np.zeros((1, 3), np.float32)}, key="counted", direct=True)
-    key = keys.direct_stats(worker, MODEL)
 
     def window() -> dict | None:
         doc = etcd_get(etcd_endpoint, key)
-        return doc if doc and doc["requests"] >= 8 else None
+        done = doc and doc["requests"] >= before["requests"] + 8 and doc["client"] >= before["client"] + 1
+        return doc if done else None
 
     doc = wait_for(window, what=f"{key} with the direct requests")
-    assert doc["worker"] == worker and doc["client"] >= 1
+    assert doc["worker"] == worker
     assert doc["timeout"] == doc["backend"] == doc["unavailable"] == 0
 
 
@@ -448,3 +451,31 @@ def _routable_model(client: MeshClient, model: str) -> bool:
     except MCPError:
         return False
     return True
+
+
+def test_keyless_direct_requests_spread_over_every_copy(cluster: Cluster) -> None:
+    """Without a key one Route answer names every copy that may take it (RouteRequest.candidates), and
+    each request goes to the one with the fewest of this client's requests in flight."""
+
+    def served() -> dict[str, float]:
+        return {
+            w.worker_id: metric(w.metrics_text(), "mcp_requests_total", model=MODEL, api_version="zmq")
+            for w in cluster.workers
+        }
+
+    async def run() -> ClientStats:
+        async with AsyncMeshClient(cluster.router_addresses) as client:
+            for _ in range(4):
+                await asyncio.gather(
+                    *(
+                        client.infer(MODEL, {"INPUT0": _x(rows=1, seed=i)}, version="1", direct=True)
+                        for i in range(32)
+                    )
+                )
+            return client.stats
+
+    before = served()
+    stats = asyncio.run(run())
+    after = served()
+    assert stats.direct == 128 and stats.fallbacks == 0 and stats.route_calls == 1
+    assert all(after[w] - before[w] >= 16 for w in after), (before, after)

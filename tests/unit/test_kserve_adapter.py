@@ -89,7 +89,7 @@ class FakeDataPlane(DataPlane):
         self.calls.append(("model_statistics", (model, version), {}))
         return self.stats
 
-    def route(self, model, version="", routing_key=""):  # type: ignore[no-untyped-def]
+    def route(self, model, version="", routing_key="", candidates=1):  # type: ignore[no-untyped-def]
         raise AssertionError("the KServe adapter never routes by itself")
 
     async def infer(self, model, version, request_id, inputs, **kwargs):  # type: ignore[no-untyped-def]

@@ -123,6 +123,7 @@ class RouteDecision:
     zmq_features: tuple[str, ...] = ()  # what the worker's tensor socket takes (e.g. "batch")
     incarnation: str = ""
     idempotent: bool = False  # the version may run twice (a direct client's one resend)
+    alternatives: tuple[RouteDecision, ...] = ()  # other workers that could take it (keyless, on request)
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,9 @@ class DataPlane(abc.ABC):
         as ``model_metadata`` for a model or version asked for by name."""
 
     @abc.abstractmethod
-    def route(self, model: str, version: str = "", routing_key: str = "") -> RouteDecision: ...
+    def route(
+        self, model: str, version: str = "", routing_key: str = "", candidates: int = 1
+    ) -> RouteDecision: ...
 
     @abc.abstractmethod
     async def infer(

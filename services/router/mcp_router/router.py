@@ -40,6 +40,7 @@ this and unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -378,17 +379,35 @@ class Router(DataPlane):
             )
         raise _no_worker(route.name, version)
 
-    def route(self, model: str, version: str = "", routing_key: str = "") -> RouteDecision:
+    def route(
+        self, model: str, version: str = "", routing_key: str = "", candidates: int = 1
+    ) -> RouteDecision:
+        """Where a request would go; keyless with ``candidates`` > 1, also up to that many - 1 other
+        workers of the same version that may take it now (usable, under ``max_ongoing_requests``)."""
         route = self._model(model)
         chosen, level, flags = self._version(route, version, routing_key, time.time())
         worker = self._pick(route, chosen, routing_key or self._fwd.new_id(), set())
         table = self._snap.table
-        endpoint = table.workers[worker]
-        return RouteDecision(
-            model, chosen, worker, endpoint.zmq, level, flags, endpoint.curve_public_key,
-            tuple(table.features_off) if flags & FLAG_SECONDARY_OFF else (),
-            tuple(sorted(endpoint.zmq_features)), endpoint.incarnation, route.idempotent.get(chosen, False),
-        )  # fmt: skip
+
+        def decision(node: str) -> RouteDecision:
+            endpoint = table.workers[node]
+            return RouteDecision(
+                model, chosen, node, endpoint.zmq, level, flags, endpoint.curve_public_key,
+                tuple(table.features_off) if flags & FLAG_SECONDARY_OFF else (),
+                tuple(sorted(endpoint.zmq_features)), endpoint.incarnation,
+                route.idempotent.get(chosen, False),
+            )  # fmt: skip
+
+        if candidates <= 1 or routing_key:
+            return decision(worker)
+        ring, limit = route.rings[chosen], route.max_ongoing.get(chosen, 0)
+        counts = self._fwd.ring_load(model, chosen).per_worker
+        others = [
+            n for n in ring.nodes
+            if n != worker and n in table.workers and self._fwd.usable(n)
+            and not (limit and counts.get(n, 0) >= limit)
+        ][: candidates - 1]  # fmt: skip
+        return dataclasses.replace(decision(worker), alternatives=tuple(decision(n) for n in others))
 
     # -- inference -------------------------------------------------------------------------------------
     async def infer(

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from mcp_router.dataplane import DataPlane, InferResult
+from mcp_router.dataplane import DataPlane, InferResult, RouteDecision
 from mcpapi.v1 import inference_pb2 as v1
 from mcpapi.v1 import inference_pb2_grpc as v1_grpc
 from mcpapi.v2 import inference_pb2 as v2
@@ -45,24 +45,24 @@ def _bytes(arr: np.ndarray) -> bytes:
     return np.ascontiguousarray(arr).tobytes()
 
 
+def _route_response(d: RouteDecision) -> v2.RouteResponse:
+    return v2.RouteResponse(
+        worker_id=d.worker_id, data_endpoint=d.data_endpoint, version=d.version,
+        breaker_level=d.breaker_level, header_flags=d.header_flags, curve_public_key=d.curve_public_key,
+        features_off=d.features_off, zmq_features=d.zmq_features, incarnation=d.incarnation,
+        idempotent=d.idempotent,
+        alternatives=[_route_response(a) for a in d.alternatives],
+    )  # fmt: skip
+
+
 class InferenceV2(v2_grpc.InferenceServicer):
     def __init__(self, plane: DataPlane) -> None:
         self._p = plane
         self._tracing = tracing.enabled()
 
     async def Route(self, request, context):  # type: ignore[no-untyped-def]
-        d = self._p.route(request.model, request.version, request.routing_key)
-        return v2.RouteResponse(
-            worker_id=d.worker_id,
-            data_endpoint=d.data_endpoint,
-            version=d.version,
-            breaker_level=d.breaker_level,
-            header_flags=d.header_flags,
-            curve_public_key=d.curve_public_key,
-            features_off=d.features_off,
-            zmq_features=d.zmq_features,
-            incarnation=d.incarnation,
-            idempotent=d.idempotent,
+        return _route_response(
+            self._p.route(request.model, request.version, request.routing_key, max(1, request.candidates))
         )
 
     async def Infer(self, request, context):  # type: ignore[no-untyped-def]

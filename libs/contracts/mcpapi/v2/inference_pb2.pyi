@@ -8,19 +8,21 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RouteRequest(_message.Message):
-    __slots__ = ("model", "version", "routing_key", "priority")
+    __slots__ = ("model", "version", "routing_key", "priority", "candidates")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ROUTING_KEY_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: str
     routing_key: str
     priority: int
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., routing_key: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
+    candidates: int
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., routing_key: _Optional[str] = ..., priority: _Optional[int] = ..., candidates: _Optional[int] = ...) -> None: ...
 
 class RouteResponse(_message.Message):
-    __slots__ = ("worker_id", "data_endpoint", "version", "breaker_level", "header_flags", "curve_public_key", "features_off", "zmq_features", "incarnation", "idempotent")
+    __slots__ = ("worker_id", "data_endpoint", "version", "breaker_level", "header_flags", "curve_public_key", "features_off", "zmq_features", "incarnation", "idempotent", "alternatives")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     DATA_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +33,7 @@ class RouteResponse(_message.Message):
     ZMQ_FEATURES_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENT_FIELD_NUMBER: _ClassVar[int]
+    ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     data_endpoint: str
     version: str
@@ -41,7 +44,8 @@ class RouteResponse(_message.Message):
     zmq_features: _containers.RepeatedScalarFieldContainer[str]
     incarnation: str
     idempotent: bool
-    def __init__(self, worker_id: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., version: _Optional[str] = ..., breaker_level: _Optional[int] = ..., header_flags: _Optional[int] = ..., curve_public_key: _Optional[str] = ..., features_off: _Optional[_Iterable[str]] = ..., zmq_features: _Optional[_Iterable[str]] = ..., incarnation: _Optional[str] = ..., idempotent: _Optional[bool] = ...) -> None: ...
+    alternatives: _containers.RepeatedCompositeFieldContainer[RouteResponse]
+    def __init__(self, worker_id: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., version: _Optional[str] = ..., breaker_level: _Optional[int] = ..., header_flags: _Optional[int] = ..., curve_public_key: _Optional[str] = ..., features_off: _Optional[_Iterable[str]] = ..., zmq_features: _Optional[_Iterable[str]] = ..., incarnation: _Optional[str] = ..., idempotent: _Optional[bool] = ..., alternatives: _Optional[_Iterable[_Union[RouteResponse, _Mapping]]] = ...) -> None: ...
 
 class Tensor(_message.Message):
     __slots__ = ("name", "shape", "data", "dtype")
