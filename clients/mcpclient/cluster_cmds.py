@@ -279,7 +279,9 @@ def _emit_breaker(ctl: Ctl, model: str, state: model_pb2.BreakerState, note: str
     default=None,
     help="expire the forced level after this long (default: until cleared)",
 )
-@click.option("--reason", default="set by mcpctl", show_default=True, help="why (shown in status, alerts)")
+@click.option(
+    "--reason", default="forced with mcpctl", show_default=True, help="why (shown in status, alerts)"
+)
 @connects("scheduler")
 @output_option
 @pass_ctl

@@ -137,7 +137,8 @@ def _output_doc(t: inference_pb2.Tensor) -> dict[str, Any]:
 
 
 def _outputs_view(doc: dict[str, Any]) -> list[RenderableType]:
-    head = Text(f"{doc['model']}/{doc['version']} on {doc['worker']} (request {doc['request_id']})")
+    rid = f" (request {doc['request_id']})" if doc["request_id"] else ""  # the client's id, when it gave one
+    head = Text(f"{doc['model']}/{doc['version']} on {doc['worker']}{rid}")
     table = plain_table("OUTPUT", "DTYPE", "SHAPE", "VALUES")
     for out in doc["outputs"]:
         flat = np.array(out["data"], dtype=object).reshape(-1).tolist()

@@ -125,7 +125,8 @@ def models_table(models: list[dict[str, Any]]) -> Table:
             if first and doc["pending"]:
                 notes.append(doc["pending"])
             if r is not None and r["state"] != "RUNNING" and r["reason"]:
-                notes.append(f"{r['state'].lower()}: {r['reason']}")
+                state, reason = r["state"].lower(), r["reason"]
+                notes.append(reason if reason.startswith(f"{state}:") else f"{state}: {reason}")
             add_row(
                 table,
                 doc["model"],

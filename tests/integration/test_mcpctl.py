@@ -365,7 +365,7 @@ def test_infer_answers_with_the_models_outputs(
         out = {o["name"]: o for o in reply["outputs"]}["OUTPUT0"]
         np.testing.assert_allclose(out["data"], mlp_reference(repo, "demo-mlp", "2", x), rtol=1e-5, atol=1e-5)
     code, text, _ = ctl(capsys, *mesh["args"], "infer", "demo-mlp", "--version", "1")
-    assert code == 0 and text.startswith(f"demo-mlp/1 on {worker} (request ")
+    assert code == 0 and text.startswith(f"demo-mlp/1 on {worker}\n")  # no client id was given: none shown
     assert [line.split() for line in text.splitlines()][2][:4] == ["OUTPUT0", "FP32", "[1,", "16]"]
 
 
@@ -397,7 +397,7 @@ def test_traffic_and_breaker(mesh: dict[str, Any], capsys: pytest.CaptureFixture
     code, out, err = ctl(capsys, *mesh["args"], "breaker", "demo-mlp", "3", "--for-seconds", "60")  # README's
     assert code == 0 and out.startswith("demo-mlp: breaker level 3, until "), err
     forced = ctl_json(capsys, mesh, "breaker", "get", "demo-mlp")
-    assert (forced["level"], forced["reason"]) == (3, "set by mcpctl") and forced["until_unix_ms"] > 0
+    assert (forced["level"], forced["reason"]) == (3, "forced with mcpctl") and forced["until_unix_ms"] > 0
     route = wait_for(lambda: (r := ctl_json(capsys, mesh, "route", "demo-mlp"))["breaker_level"] == 3 and r,
                      what="the router at level 3")  # fmt: skip
     assert route["version"] == "1"  # level 3 sends everything to the fallback version
