@@ -60,6 +60,7 @@ from mcpcore.errors import (
     not_started,
 )
 from mcpcore.forwarder import Forwarder, MayHaveStarted, NotSent
+from mcpcore.retry import RetryBudget
 
 __all__ = ["AsyncMeshClient", "ClientStats", "MeshClient", "ModelInfo", "ReplicaInfo", "Route"]
 
@@ -201,22 +202,6 @@ def _never_reached(err: grpc.RpcError) -> bool:
     return err.code() == grpc.StatusCode.UNAVAILABLE and any(words in details for words in _UNREACHED)
 
 
-class _Budget:
-    """Token bucket for retries after a refusal: each request earns ``ratio`` of one (at most ``burst``)."""
-
-    def __init__(self, ratio: float = 0.2, burst: float = 20.0) -> None:
-        self._ratio, self._burst, self._tokens = ratio, burst, burst
-
-    def earn(self) -> None:
-        self._tokens = min(self._burst, self._tokens + self._ratio)
-
-    def spend(self) -> bool:
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
-            return True
-        return False
-
-
 def _checked_call(
     model: Any,
     inputs: Any,
@@ -325,7 +310,7 @@ class AsyncMeshClient:
         self._asking: dict[tuple[str, str, str], asyncio.Future[tuple[Route, ...]]] = {}
         self._forgotten: dict[str, int] = {}  # model -> how often its routes were dropped (stale answers)
         self._targets: dict[str, Route] = {}  # worker -> the route its link was opened for
-        self._budget = _Budget()
+        self._budget = RetryBudget()
         self._unreachable: dict[str, float] = {}  # worker -> until when its link is not waited for
         self.stats = ClientStats()
 

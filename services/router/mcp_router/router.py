@@ -78,27 +78,12 @@ from mcpcore.errors import (
     not_started,
 )
 from mcpcore.forwarder import Forwarder, MayHaveStarted, NotSent
+from mcpcore.retry import RetryBudget
 
-__all__ = ["RetryBudget", "Router"]
+__all__ = ["Router"]
 
 FLAG_SECONDARY_OFF = tensor_pb2.FLAG_SECONDARY_FEATURES_OFF
 MAX_PRIORITY = (1 << 32) - 1  # TensorHeader.priority is a uint32
-
-
-class RetryBudget:
-    """Token bucket: each request earns ``ratio`` of a retry, each retry spends one (at most ``burst``)."""
-
-    def __init__(self, ratio: float = 0.2, burst: float = 20.0) -> None:
-        self._ratio, self._burst, self._tokens = ratio, burst, burst
-
-    def earn(self) -> None:
-        self._tokens = min(self._burst, self._tokens + self._ratio)
-
-    def spend(self) -> bool:
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
-            return True
-        return False
 
 
 @dataclass(slots=True)

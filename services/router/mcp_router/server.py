@@ -23,7 +23,7 @@ from mcp_router.config import RouterConfig
 from mcp_router.debug import snapshot_doc
 from mcp_router.kserve import KServeServicer
 from mcp_router.rest import RestFrontEnd
-from mcp_router.router import RetryBudget, Router
+from mcp_router.router import Router
 from mcp_router.servicer_v2 import InferenceV1, InferenceV2
 from mcp_router.shm import SharedMemory
 from mcp_router.snapshot import RoutingTable, Snapshots
@@ -40,6 +40,7 @@ from mcpcore.forwarder import Forwarder
 from mcpcore.keys import Keyspace
 from mcpcore.looplag import LoopLagMonitor
 from mcpcore.metrics import start_metrics_server
+from mcpcore.retry import RetryBudget
 from mcpcore.serving import GrpcService
 
 __all__ = ["RouterServer"]
