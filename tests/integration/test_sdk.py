@@ -479,3 +479,48 @@ def test_keyless_direct_requests_spread_over_every_copy(cluster: Cluster) -> Non
     after = served()
     assert stats.direct == 128 and stats.fallbacks == 0 and stats.route_calls == 1
     assert all(after[w] - before[w] >= 16 for w in after), (before, after)
+
+
+def test_a_worker_restarted_under_its_id_is_reached_at_its_new_endpoint(
+    tmp_path: Path, etcd_endpoint: str, repo: Path
+) -> None:
+    """kill -9, then the same worker id again on a new port: the cached route and the old link go, the
+    next route names the new incarnation, and direct requests reach it."""
+    prefix = f"/t{uuid.uuid4().hex[:8]}/mcp"
+    started: list = []
+    try:
+        first = WorkerProcess(tmp_path, etcd_endpoint, repo, prefix=prefix, worker_id="w-same").start()
+        started.append(first)
+        started.append(SchedulerProcess(tmp_path, etcd_endpoint, prefix=prefix).start())
+        started.append(RouterProcess(tmp_path, etcd_endpoint, prefix=prefix).start())
+        address, scheduler = started[2].endpoints["grpc"], started[1].endpoints["grpc"]
+        with MeshClient(address, scheduler=scheduler) as client:
+            client.load(MODEL, ["1"], replicas=1)
+            wait_for(lambda: _routable(client), what=f"{MODEL} routed")
+            before = client.route(MODEL)
+            client.infer(MODEL, {"INPUT0": _x()}, direct=True)
+            first.kill()
+            second = WorkerProcess(tmp_path, etcd_endpoint, repo, prefix=prefix, worker_id="w-same").start()
+            started.append(second)
+
+            def moved() -> bool:
+                try:
+                    route = client.route(MODEL)
+                except MCPError:
+                    return False
+                return route.incarnation != before.incarnation and route.endpoint != before.endpoint
+
+            wait_for(moved, timeout_s=60, what="the new incarnation routed")
+            direct = client.stats.direct
+            out = wait_for(lambda: _direct_answer(client), timeout_s=10, what="a direct answer")
+            assert out["OUTPUT0"].shape == (4, 16) and client.stats.direct > direct
+    finally:
+        for proc in reversed(started):
+            proc.stop()
+
+
+def _direct_answer(client: MeshClient) -> dict[str, np.ndarray] | None:
+    """A direct request's answer, or None when it went by the router (a stale route was just dropped)."""
+    direct = client.stats.direct
+    out = client.infer(MODEL, {"INPUT0": _x()}, direct=True)
+    return out if client.stats.direct > direct else None
