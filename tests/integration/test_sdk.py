@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -307,36 +308,42 @@ def test_a_direct_request_whose_worker_dies_is_sent_again_only_if_idempotent(
                 assert "may have started" in error.message and "not idempotent" in error.message
 
 
+@contextmanager
+def _one_worker_mesh(
+    tmp: Path, etcd: str, repo: Path, **worker_flags: object
+) -> Iterator[tuple[MeshClient, list]]:
+    """A worker (``worker_flags``), a scheduler and a router on a fresh prefix, MODEL loaded and routed,
+    and a client; the processes (worker first) for the test to kill or add to; all stopped after."""
+    prefix = f"/t{uuid.uuid4().hex[:8]}/mcp"
+    started: list = []
+    try:
+        started.append(WorkerProcess(tmp, etcd, repo, prefix=prefix, **worker_flags).start())
+        started.append(SchedulerProcess(tmp, etcd, prefix=prefix).start())
+        started.append(RouterProcess(tmp, etcd, prefix=prefix).start())
+        with MeshClient(started[2].endpoints["grpc"], scheduler=started[1].endpoints["grpc"]) as client:
+            client.load(MODEL, ["1"], replicas=1)
+            wait_for(lambda: _routable(client), what=f"{MODEL} routed")
+            yield client, started
+    finally:
+        for proc in reversed(started):
+            proc.stop()
+
+
 def test_the_direct_path_speaks_curve_to_a_worker_that_requires_it(
     tmp_path: Path, etcd_endpoint: str, repo: Path
 ) -> None:
     _, secret_file = zmq.auth.create_certificates(str(tmp_path), "worker")
     server_public, _ = zmq.auth.load_certificate(secret_file)
-    prefix = f"/t{uuid.uuid4().hex[:8]}/mcp"
-    started: list = []
-    try:
-        started.append(
-            WorkerProcess(
-                tmp_path, etcd_endpoint, repo, prefix=prefix, zmq_curve_secret_key_file=secret_file
-            ).start()
-        )
-        started.append(SchedulerProcess(tmp_path, etcd_endpoint, prefix=prefix).start())
-        started.append(RouterProcess(tmp_path, etcd_endpoint, prefix=prefix).start())
-        address, scheduler = started[2].endpoints["grpc"], started[1].endpoints["grpc"]
-        with MeshClient(address, scheduler=scheduler) as client:
-            client.load(MODEL, ["1"], replicas=1)
-            wait_for(lambda: _routable(client), what=f"{MODEL} routed")
-            assert client.route(MODEL).curve_public_key == server_public.decode()
-            x = _x()
-            out = client.infer(MODEL, {"INPUT0": x}, direct=True)
-            np.testing.assert_allclose(
-                out["OUTPUT0"], mlp_reference(repo, MODEL, "1", x), rtol=1e-5, atol=1e-6
-            )
-            # without the key the handshake would never complete and the request would go by the router
-            assert (client.stats.direct, client.stats.fallbacks) == (1, 0)
-    finally:
-        for proc in reversed(started):
-            proc.stop()
+    with _one_worker_mesh(tmp_path, etcd_endpoint, repo, zmq_curve_secret_key_file=secret_file) as (
+        client,
+        _,
+    ):
+        assert client.route(MODEL).curve_public_key == server_public.decode()
+        x = _x()
+        out = client.infer(MODEL, {"INPUT0": x}, direct=True)
+        np.testing.assert_allclose(out["OUTPUT0"], mlp_reference(repo, MODEL, "1", x), rtol=1e-5, atol=1e-6)
+        # without the key the handshake would never complete and the request would go by the router
+        assert (client.stats.direct, client.stats.fallbacks) == (1, 0)
 
 
 def _keys_on_two_workers(client: MeshClient) -> tuple[str, str]:
@@ -486,37 +493,26 @@ def test_a_worker_restarted_under_its_id_is_reached_at_its_new_endpoint(
 ) -> None:
     """kill -9, then the same worker id again on a new port: the cached route and the old link go, the
     next route names the new incarnation, and direct requests reach it."""
-    prefix = f"/t{uuid.uuid4().hex[:8]}/mcp"
-    started: list = []
-    try:
-        first = WorkerProcess(tmp_path, etcd_endpoint, repo, prefix=prefix, worker_id="w-same").start()
-        started.append(first)
-        started.append(SchedulerProcess(tmp_path, etcd_endpoint, prefix=prefix).start())
-        started.append(RouterProcess(tmp_path, etcd_endpoint, prefix=prefix).start())
-        address, scheduler = started[2].endpoints["grpc"], started[1].endpoints["grpc"]
-        with MeshClient(address, scheduler=scheduler) as client:
-            client.load(MODEL, ["1"], replicas=1)
-            wait_for(lambda: _routable(client), what=f"{MODEL} routed")
-            before = client.route(MODEL)
-            client.infer(MODEL, {"INPUT0": _x()}, direct=True)
-            first.kill()
-            second = WorkerProcess(tmp_path, etcd_endpoint, repo, prefix=prefix, worker_id="w-same").start()
-            started.append(second)
+    with _one_worker_mesh(tmp_path, etcd_endpoint, repo, worker_id="w-same") as (client, started):
+        before = client.route(MODEL)
+        client.infer(MODEL, {"INPUT0": _x()}, direct=True)
+        started[0].kill()
+        prefix = started[0].prefix
+        started.append(
+            WorkerProcess(tmp_path, etcd_endpoint, repo, prefix=prefix, worker_id="w-same").start()
+        )
 
-            def moved() -> bool:
-                try:
-                    route = client.route(MODEL)
-                except MCPError:
-                    return False
-                return route.incarnation != before.incarnation and route.endpoint != before.endpoint
+        def moved() -> bool:
+            try:
+                route = client.route(MODEL)
+            except MCPError:
+                return False
+            return route.incarnation != before.incarnation and route.endpoint != before.endpoint
 
-            wait_for(moved, timeout_s=60, what="the new incarnation routed")
-            direct = client.stats.direct
-            out = wait_for(lambda: _direct_answer(client), timeout_s=10, what="a direct answer")
-            assert out["OUTPUT0"].shape == (4, 16) and client.stats.direct > direct
-    finally:
-        for proc in reversed(started):
-            proc.stop()
+        wait_for(moved, timeout_s=60, what="the new incarnation routed")
+        direct = client.stats.direct
+        out = wait_for(lambda: _direct_answer(client), timeout_s=10, what="a direct answer")
+        assert out["OUTPUT0"].shape == (4, 16) and client.stats.direct > direct
 
 
 def _direct_answer(client: MeshClient) -> dict[str, np.ndarray] | None:
