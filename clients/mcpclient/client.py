@@ -404,7 +404,8 @@ class AsyncMeshClient:
             if route.idempotent and call.left() > 0:  # as the router: once more, elsewhere
                 self.stats.resends += 1
                 return None
-            why = "no time was left" if route.idempotent else f"model {model}/{route.version} is not idempotent"
+            why = f"model {model}/{route.version} is not idempotent"
+            why = "no time was left" if route.idempotent else why
             raise Unavailable(
                 f"{err.message}; it may have started, so it was not sent again ({why}): retry only if "
                 "running it twice is safe"
