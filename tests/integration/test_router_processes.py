@@ -57,6 +57,13 @@ def served(metrics_address: str) -> float:
         return metric(resp.read().decode(), "mcp_requests_total", model="demo-mlp", outcome="OK")
 
 
+def routed_versions(metrics_address: str) -> set[str]:
+    """The versions of demo-mlp in one router process's own table (its /debug/snapshot)."""
+    with urllib.request.urlopen(f"http://{metrics_address}/debug/snapshot", timeout=5) as resp:
+        model = json.loads(resp.read()).get("models", {}).get("demo-mlp", {})
+    return {v for v, ring in model.get("versions", {}).items() if ring.get("nodes")}
+
+
 def pid_of(router_id: str) -> int | None:
     """The live process started with ``--router-id router_id`` (None: none)."""
     for entry in Path("/proc").iterdir():
@@ -86,6 +93,9 @@ def test_two_router_processes_share_the_ports_and_nothing_else(tmp_path, etcd_en
         assert ids == [f"{router.router_id}-0", f"{router.router_id}-1"]
         assert len({p["metrics"] for p in procs}) == 2  # each its own metrics port
 
+        # small_mesh saw the model routed by whichever process answered; wait for each one's own table
+        for p in procs:
+            wait_for(lambda p=p: "1" in routed_versions(p["metrics"]), what=f"demo-mlp in {p['router_id']}")
         address = router.endpoints["grpc"]
         assert all(kserve_infer(address) for _ in range(24))  # 24 connections, spread by the kernel
         counts = [served(p["metrics"]) for p in procs]
