@@ -168,57 +168,45 @@ def _running_line(doc: dict[str, Any]) -> str:
     return f"{doc['model']}: {doc['replicas_running']}/{doc['replicas_wanted']} replica(s) RUNNING"
 
 
-@click.command(name="unload")
-@click.argument("model")
-@click.option("--version", default="", metavar="V", help="only this version (default: the whole model)")
-@connects("scheduler")
-@output_option
-@pass_ctl
-def unload_cmd(ctl: Ctl, model: str, version: str) -> None:
-    """Unload a model, or one version of it (its replicas drain first)."""
-    request = control_pb2.UnloadModelRequest(model=model, version=version)
-    reply = ctl.call("scheduler", "UnloadModel", request, timeout=LOAD_TIMEOUT_S)
-    doc = {**model_doc(reply.status), "model": model}
-    ctl.emit(doc, lambda: Text(f"{model}{'/' + version if version else ''}: unloaded"))
+def _model_version_command(
+    name: str, method: str, request: Any, *, verb: str, help_: str, version_help: str
+) -> click.Command:
+    """unload, pause and resume: MODEL [--version V], one scheduler call (without --version it covers every
+    version). Prints the whole model as it stands after it: the reply covers only the version asked for,
+    so with --version the model is read again."""
+
+    @click.command(name=name, help=help_)
+    @click.argument("model")
+    @click.option("--version", default="", metavar="V", help=version_help)
+    @connects("scheduler")
+    @output_option
+    @pass_ctl
+    def command(ctl: Ctl, model: str, version: str) -> None:
+        status = ctl.call("scheduler", method, request(model=model, version=version), LOAD_TIMEOUT_S).status
+        doc = {**model_doc(_model_status(ctl, model) if version else status), "model": model}
+        ctl.emit(doc, lambda: Text(f"{model}{'/' + version if version else ''}: {verb}"))
+
+    return command
 
 
 def _model_status(ctl: Ctl, model: str) -> model_pb2.ModelStatus:
     return ctl.call("scheduler", "GetModelStatus", control_pb2.GetModelStatusRequest(model=model), 10).status
 
 
-def _pause_command(name: str, method: str, request: Any, verb: str, help_: str) -> click.Command:
-    """pause and resume: MODEL [--version V], one call; without --version the scheduler takes every version
-    the model's spec declares. Prints the whole model as it stands after it: the reply covers only the
-    version asked for, so with --version the model is read again."""
-
-    @click.command(name=name, help=help_)
-    @click.argument("model")
-    @click.option("--version", default="", metavar="V", help="only this version (default: all)")
-    @connects("scheduler")
-    @output_option
-    @pass_ctl
-    def command(ctl: Ctl, model: str, version: str) -> None:
-        status = ctl.call("scheduler", method, request(model=model, version=version), LOAD_TIMEOUT_S).status
-        doc = model_doc(_model_status(ctl, model) if version else status)
-        ctl.emit(doc, lambda: Text(f"{model}{'/' + version if version else ''}: {verb}"))
-
-    return command
-
-
-pause_cmd = _pause_command(
-    "pause",
-    "PauseModel",
-    control_pb2.PauseModelRequest,
-    "paused",
-    "Pause a model (RUNNING -> PAUSED: replicas keep their memory and take no new requests).",
-)
-resume_cmd = _pause_command(
-    "resume",
-    "ResumeModel",
-    control_pb2.ResumeModelRequest,
-    "running again",
-    "Resume a paused model (PAUSED -> RUNNING).",
-)
+unload_cmd = _model_version_command(
+    "unload", "UnloadModel", control_pb2.UnloadModelRequest, verb="unloaded",
+    help_="Unload a model, or one version of it (its replicas drain first).",
+    version_help="only this version (default: the whole model)",
+)  # fmt: skip
+pause_cmd = _model_version_command(
+    "pause", "PauseModel", control_pb2.PauseModelRequest, verb="paused",
+    help_="Pause a model (RUNNING -> PAUSED: replicas keep their memory and take no new requests).",
+    version_help="only this version (default: all)",
+)  # fmt: skip
+resume_cmd = _model_version_command(
+    "resume", "ResumeModel", control_pb2.ResumeModelRequest, verb="running again",
+    help_="Resume a paused model (PAUSED -> RUNNING).", version_help="only this version (default: all)",
+)  # fmt: skip
 
 
 # --- traffic, breaker --------------------------------------------------------------------------------------

@@ -186,6 +186,26 @@ def _override(name: str) -> Callable[[click.Context, click.Parameter, Any], None
     return callback
 
 
+#: Each service's variable, default address and what it is (the group's options; ``connects`` overrides).
+ADDRESSES = {
+    "scheduler": ("MCP_SCHEDULER", "127.0.0.1:50051", "the scheduler (ModelControl)"),
+    "router": ("MCP_ROUTER", "127.0.0.1:8001", "a router (Inference)"),
+    "health": ("MCP_HEALTH", "127.0.0.1:50053", "the health service"),
+    "etcd": ("MCP_ETCD_ENDPOINTS", "127.0.0.1:2379", "etcd endpoints (only dump reads etcd)"),
+}
+
+
+def address_options(fn: F) -> F:
+    """The group's ``--scheduler``/``--router``/``--health``/``--etcd``, each from its MCP_* variable."""
+    for service in reversed(ADDRESSES):
+        env, default, what = ADDRESSES[service]
+        fn = click.option(
+            f"--{service}", envvar=env, default=default, show_default=True, show_envvar=True,
+            metavar="HOST:PORT,..." if service == "etcd" else "HOST:PORT", help=what,
+        )(fn)  # fmt: skip
+    return fn
+
+
 def connects(*services: str) -> Callable[[F], F]:
     """A command's own ``--scheduler``/``--router``/``--health``/``--etcd`` (for the services it talks
     to): each overrides the group's option of the same name for this call."""

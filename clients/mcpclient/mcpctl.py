@@ -35,6 +35,7 @@ from mcpclient.ctlkit import (
     EXIT_USAGE,
     Ctl,
     Failure,
+    address_options,
     exit_code,
 )
 from mcpcore.errors import MCPError
@@ -56,42 +57,7 @@ def _exit_codes() -> str:
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
 )
 @click.version_option(package_name="mcpmesh", prog_name="mcpctl", message="%(prog)s %(version)s")
-@click.option(
-    "--scheduler",
-    envvar="MCP_SCHEDULER",
-    default="127.0.0.1:50051",
-    show_default=True,
-    show_envvar=True,
-    metavar="HOST:PORT",
-    help="the scheduler (ModelControl)",
-)
-@click.option(
-    "--router",
-    envvar="MCP_ROUTER",
-    default="127.0.0.1:8001",
-    show_default=True,
-    show_envvar=True,
-    metavar="HOST:PORT",
-    help="a router (Inference)",
-)
-@click.option(
-    "--health",
-    envvar="MCP_HEALTH",
-    default="127.0.0.1:50053",
-    show_default=True,
-    show_envvar=True,
-    metavar="HOST:PORT",
-    help="the health service",
-)
-@click.option(
-    "--etcd",
-    envvar="MCP_ETCD_ENDPOINTS",
-    default="127.0.0.1:2379",
-    show_default=True,
-    show_envvar=True,
-    metavar="HOST:PORT,...",
-    help="etcd endpoints (only dump reads etcd)",
-)
+@address_options
 @click.option(
     "-o",
     "--output",
