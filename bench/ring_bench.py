@@ -50,7 +50,7 @@ class ArticleRing:
 
     @staticmethod
     def _hash(key: str) -> int:
-        return int(hashlib.md5(key.encode()).hexdigest(), 16)
+        return int(hashlib.md5(key.encode(), usedforsecurity=False).hexdigest(), 16)
 
     def add_node(self, node: str) -> None:
         for i in range(self.replica):

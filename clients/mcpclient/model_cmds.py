@@ -117,7 +117,7 @@ def _write_copy(src_dir: Path, dst_dir: Path, *, skip: str, fill: Callable[[Path
             ignore=lambda d, names: [skip] if Path(d) == src_dir else [],
         )
         fill(tmp)
-        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
+        os.chmod(tmp, 0o755)  # noqa: S103  mkdtemp makes it 0700; a model folder is world-readable, like its source
         os.rename(tmp, dst_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -555,7 +555,7 @@ def _check_secondary(ctx: _Ctx, qos: QoS, outputs: tuple[TensorSpec, ...]) -> No
 def parse_model_yaml(text: str, *, model: str, version: str) -> ModelConfig:
     """Parse and validate the text of ``<model>/<version>/model.yaml``."""
     try:
-        data = yaml.load(text, Loader=_Loader)  # a safe loader (C or pure Python)
+        data = yaml.load(text, Loader=_Loader)  # noqa: S506  _Loader is yaml's CSafeLoader or SafeLoader
     except yaml.YAMLError as err:
         raise InvalidArgument(f"model.yaml {model}/{version}: not valid YAML: {err}") from None
     return model_config_from_dict(data, model=model, version=version)

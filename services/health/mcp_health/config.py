@@ -40,5 +40,7 @@ class HealthConfig:
             raise ValueError(f"check_interval_s: must be > 0, got {self.check_interval_s}")
         if self.report_timeout_s <= self.check_interval_s:
             raise ValueError("report_timeout_s: must be longer than check_interval_s")
+        if self.alert_webhook and not self.alert_webhook.startswith(("http://", "https://")):
+            raise ValueError(f"alert_webhook: must be an http:// or https:// URL, got {self.alert_webhook!r}")
         if self.sick_errors < 1:
             raise ValueError(f"sick_errors: must be >= 1, got {self.sick_errors}")

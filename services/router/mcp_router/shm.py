@@ -40,7 +40,7 @@ from mcpcore.errors import AlreadyExists, InvalidArgument, NotFound
 __all__ = ["Region", "SharedMemory"]
 
 _KEY = re.compile(r"/[^/\x00]{1,250}")
-SHM_DIR = Path("/dev/shm")
+SHM_DIR = Path("/dev/shm")  # noqa: S108  where POSIX shared memory lives (shm_open names), not a temp file
 
 
 @dataclass(frozen=True)
