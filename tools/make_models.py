@@ -12,6 +12,10 @@ level 2 drops, saving the head's work. Dense weights are stored ``[in, out]`` (`
     demo-stateful/1          not idempotent: ``INPUT0`` → ``COUNT`` FP32 ``[-1, 1]``, a counter of the
                              rows its worker ran, after 20 ms (at-most-once tests: a request run twice
                              shows, and a fault finds requests mid-execution)
+    demo-flaky/1, demo-flaky/2  fault drills: demo-mlp/1 behind a ``fail`` layer whose ratio file
+                             ``demo-flaky/1/fault_ratio`` (not written here: absent means no faults) the
+                             operator writes to fail that share of batches ("injected fault"); version 2
+                             is demo-mlp/2 without one, its static fallback (breaker level 3)
     demo-strlen/1            builtin ``strlen``: ``TEXT`` BYTES ``[-1]`` → ``LENGTH`` INT64 ``[-1]``, each
                              string's length in bytes, and ``ECHO`` BYTES ``[-1]``, the strings back;
                              batches up to 16
@@ -48,7 +52,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from mcpcore.crypto import encrypt_model_bytes, write_keyring
 
-__all__ = ["DEMO_KEY_ID", "DEMO_MODELS", "ENCRYPTED_FILES", "demo_key", "make_models", "mlp_weights"]
+__all__ = [
+    "DEMO_KEY_ID", "DEMO_MODELS", "ENCRYPTED_FILES", "FAULT_RATIO_FILE", "demo_key", "make_models",
+    "mlp_weights",
+]  # fmt: skip
 
 IN_DIM, HIDDEN, OUT_DIM = 64, 256, 16
 RANK_HIDDEN, RANK_DIM = 64, 8
@@ -57,7 +64,10 @@ DEMO_KEY_ID = "demo-key"
 KEYRING = "keyring.json"
 DEMO_MODELS = (
     "demo-mlp", "demo-onnx", "demo-mlp-enc", "demo-slow", "demo-stateful", "demo-strlen", "demo-stream",
+    "demo-flaky",
 )  # fmt: skip
+#: The file of ``demo-flaky/1`` that holds its fault ratio (a number in [0, 1]); a drill writes it.
+FAULT_RATIO_FILE = "fault_ratio"
 #: Files that differ run to run (a random nonce); everything else is deterministic.
 ENCRYPTED_FILES = ("demo-mlp-enc/1/weights.safetensors.enc",)
 ONNX_OPSET = 17
@@ -209,6 +219,13 @@ def _files() -> dict[str, bytes]:
     slow["layers"] = [{"op": "sleep", "ms": SLOW_MS}, *_mlp_layers()]
     files["demo-slow/1/weights.safetensors"] = plain
     files["demo-slow/1/model.yaml"] = _yaml(slow)
+
+    flaky = _config("numpy", "weights.safetensors", fallback_version="2")
+    flaky["layers"] = [{"op": "fail", "ratio_file": FAULT_RATIO_FILE}, *_mlp_layers()]
+    files["demo-flaky/1/weights.safetensors"] = plain
+    files["demo-flaky/1/model.yaml"] = _yaml(flaky)
+    files["demo-flaky/2/weights.safetensors"] = files["demo-mlp/2/weights.safetensors"]
+    files["demo-flaky/2/model.yaml"] = _yaml(_config("numpy", "weights.safetensors"))
 
     stateful = _config("numpy", None, idempotent=False)  # said outright, though a count layer implies it
     stateful.pop("weights")

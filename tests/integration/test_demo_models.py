@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 from mcp_worker.backends import Backend, create_backend
+from mcp_worker.backends.numpy_backend import INJECTED_FAULT
 from mcpcore.crypto import Keyring, decrypt_file
+from mcpcore.errors import Unavailable
 from mcpcore.modelspec import ModelConfig, TensorSpec, load_model_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -183,3 +185,32 @@ def test_cli(tmp_path: Path) -> None:
         [sys.executable, str(SCRIPT), "--out", str(tmp_path)], capture_output=True, text=True, check=False
     )
     assert again.returncode == 1 and "--force" in again.stderr
+
+
+def test_demo_flaky_fails_the_share_its_ratio_file_asks_for(repo: Path, tmp_path: Path) -> None:
+    """demo-flaky/1 is demo-mlp/1 behind a ``fail`` layer: no faults until its ratio file says so (read
+    again when it changes), then exactly that share of batches fail with the fixed message; version 2 is
+    demo-mlp/2 with no fault layer, its static fallback."""
+    config, flaky = _load(repo, "demo-flaky/1")
+    _, mlp = _load(repo, "demo-mlp/1")
+    assert config.fallback_version == "2" and config.idempotent
+    x = _x(2)
+    assert flaky.fault_directory is None  # unbound (the worker binds it after the warm-up): no faults
+    flaky.fault_directory = tmp_path
+    np.testing.assert_array_equal(flaky.infer({"INPUT0": x})["OUTPUT0"], mlp.infer({"INPUT0": x})["OUTPUT0"])
+    ratio = tmp_path / make_models.FAULT_RATIO_FILE
+    for share, failures in (("0.5", 10), ("1", 20), ("0.25", 5), ("0", 0)):
+        ratio.write_text(share)
+        failed = 0
+        for _ in range(20):
+            try:
+                flaky.infer({"INPUT0": x})
+            except Unavailable as err:
+                assert err.message.startswith(INJECTED_FAULT), err.message
+                failed += 1
+        assert failed == failures, (share, failed)
+    fallback = load_model_yaml(repo / "demo-flaky/2")
+    assert not any(layer.op == "fail" for layer in fallback.layers)
+    _, v2 = _load(repo, "demo-flaky/2")
+    _, mlp2 = _load(repo, "demo-mlp/2")
+    np.testing.assert_array_equal(v2.infer({"INPUT0": x})["OUTPUT0"], mlp2.infer({"INPUT0": x})["OUTPUT0"])

@@ -79,7 +79,7 @@ BACKENDS = ("numpy", "onnx", "cuda", "builtin")
 #: The builtin backend's functions (``function:``): fixed code in the worker, never code from a repository.
 BUILTIN_FUNCTIONS = ("strlen", "chunks")
 LAYER_GRAPH_BACKENDS = ("numpy", "cuda")
-LAYER_OPS = ("dense", "relu", "gelu", "softmax", "layernorm", "sleep", "count")
+LAYER_OPS = ("dense", "relu", "gelu", "softmax", "layernorm", "sleep", "count", "fail")
 #: Ops whose result depends on what ran before (a model holding one is not idempotent by default).
 STATEFUL_OPS = frozenset({"count"})
 DEFAULT_MAX_QUEUE_SIZE = 1024
@@ -125,6 +125,9 @@ class Layer:
     bias: str | None = None
     eps: float | None = None  # layernorm only; the backend's default when None
     ms: float | None = None  # sleep only
+    #: fail only (fault injection, as Envoy's fault filter): a file in the version directory holding the
+    #: fraction of batches to fail, read at run time so an operator can change it; never a request's
+    ratio_file: str | None = None
     name: str | None = None  # labels this layer's result, for a later layer's ``source``
     source: str | None = None  # YAML's ``from``: the named result this layer reads (default: the previous)
     output: str | None = None  # this layer's result is that model output
@@ -237,10 +240,10 @@ _TOP_KEYS = tuple(f.name for f in fields(ModelConfig) if f.name != "version")  #
 _BATCHING_KEYS = tuple(f.name for f in fields(DynamicBatching))
 _LAYER_KEYS = {"dense": ("op", "in", "out", "weight", "bias"), "relu": ("op",), "gelu": ("op",)}
 _LAYER_KEYS |= {"softmax": ("op",), "layernorm": ("op", "weight", "bias", "eps"), "sleep": ("op", "ms")}
-_LAYER_KEYS |= {"count": ("op",)}
+_LAYER_KEYS |= {"count": ("op",), "fail": ("op", "ratio_file")}
 _LAYER_KEYS = {op: (*keys, "name", "from", "output") for op, keys in _LAYER_KEYS.items()}
 _ALL_LAYER_KEYS = tuple(dict.fromkeys(k for keys in _LAYER_KEYS.values() for k in keys))
-_LAYER_REQUIRED = {"dense": ("in", "out", "weight"), "sleep": ("ms",)}
+_LAYER_REQUIRED = {"dense": ("in", "out", "weight"), "sleep": ("ms",), "fail": ("ratio_file",)}
 
 
 def _tensors(ctx: _Ctx, key: str, value: Any, max_batch_size: int) -> tuple[TensorSpec, ...]:
@@ -321,6 +324,8 @@ def _layer(ctx: _Ctx, path: str, item: Any) -> Layer:
         bias=tensor.get("bias"),
         eps=ctx.float_(f"{path}.eps", item["eps"], 0.0) if "eps" in item else None,
         ms=ctx.float_(f"{path}.ms", item["ms"], 0.0) if "ms" in item else None,
+        # a plain name (mcpcore.keys.NAME_RE: no '/', no leading '.'): a file of the version directory
+        ratio_file=ctx.name(f"{path}.ratio_file", item["ratio_file"]) if "ratio_file" in item else None,
         name=refs.get("name"),
         source=refs.get("from"),
         output=refs.get("output"),

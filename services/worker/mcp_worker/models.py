@@ -308,6 +308,8 @@ class ModelManager:
             async with self._admission:
                 self.budget.reserve(name, max(config.memory_bytes, backend.memory_bytes))
             await loop.run_in_executor(None, backend.warmup)
+            if hasattr(backend, "fault_directory"):  # after the warm-up: it never fails by injection
+                backend.fault_directory = artifact.path  # type: ignore[attr-defined]
         except BaseException as exc:
             self.budget.release(name)
             if backend is not None:

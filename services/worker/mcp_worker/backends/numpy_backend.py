@@ -14,6 +14,15 @@ Layouts and formulas (the cuda backend must match them):
 - ``count``: the stateful op of the non-idempotent demo model: row ``i`` of a batch gets
   ``counter + i + 1`` and the counter grows by the batch's rows (one counter per loaded model, so per
   worker); the last dim becomes 1.
+- ``fail``: fault injection, as Envoy's fault filter aborts a share of requests: passes ``x`` through, but
+  fails a fraction of the batches with ``Unavailable`` "injected fault ..." (``INJECTED_FAULT``). The
+  fraction is the number in the layer's ``ratio_file``, a file of the model's version directory that the
+  operator writes (absent, empty or unreadable: 0), read again whenever it changes, so a drill can start
+  and heal the fault without a reload. Failures are spread evenly (every batch adds the ratio to a
+  balance; a batch fails when the balance reaches 1), so a run of N batches fails ``round(N * ratio)``.
+  Nothing in a request can reach it; the warm-up never fails (the directory is bound after it). It is
+  ``UNAVAILABLE``, a server-side class: the routers count it for the breakers, and it is not a backend
+  crash that makes the health service stop the worker (the model fails, not the worker).
 
 Invariants:
 - Everything is checked at load: every tensor a layer names exists, is floating point and has the shape
@@ -28,7 +37,9 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -39,12 +50,19 @@ import safetensors.numpy
 
 from mcp_worker.backends.base import Backend, short_error
 from mcpcore import dtypes
-from mcpcore.errors import DataLoss, FailedPrecondition, InvalidArgument
+from mcpcore.errors import DataLoss, FailedPrecondition, InvalidArgument, Unavailable
 from mcpcore.modelspec import Layer, ModelConfig, layer_reads
 
-__all__ = ["LAYERNORM_EPS", "Counter", "NumpyBackend", "dense", "gelu", "layernorm", "relu", "softmax"]
+__all__ = [
+    "INJECTED_FAULT", "LAYERNORM_EPS", "Counter", "FaultInjector", "NumpyBackend", "dense", "gelu",
+    "layernorm", "relu", "softmax",
+]  # fmt: skip
+
+log = logging.getLogger(__name__)
 
 LAYERNORM_EPS = 1e-5
+#: The start of every injected failure's message: clients tell the drill's errors from real ones by it.
+INJECTED_FAULT = "injected fault"
 _GELU_C = math.sqrt(2.0 / math.pi)
 
 Step = Callable[[np.ndarray], np.ndarray]
@@ -110,6 +128,49 @@ class Counter:
         return out.reshape((*x.shape[:-1], 1)) if x.ndim else out
 
 
+class FaultInjector:
+    """The ``fail`` op: fails the share of batches its ratio file asks for (module docstring)."""
+
+    def __init__(self, ratio_file: str, where: str) -> None:
+        self._name, self._where = ratio_file, where
+        self.directory: os.PathLike[str] | str | None = None  # bound after the warm-up
+        self._lock = threading.Lock()
+        self._seen: tuple[float, int] | None = None  # (mtime, size) of the file as last read
+        self.ratio = 0.0
+        self._balance = 0.0
+
+    def _refresh(self) -> None:
+        path = os.path.join(self.directory, self._name)  # type: ignore[arg-type]
+        try:
+            st = os.stat(path)
+        except OSError:
+            self._seen, self.ratio = None, 0.0
+            return
+        if self._seen == (st.st_mtime, st.st_size):
+            return
+        self._seen = (st.st_mtime, st.st_size)
+        try:
+            with open(path) as f:
+                ratio = float(f.read().strip() or 0)
+        except (OSError, ValueError) as err:
+            log.warning("%s: fault ratio file %s unreadable (%s): no faults", self._where, path, err)
+            ratio = 0.0
+        self.ratio = min(1.0, max(0.0, ratio)) if math.isfinite(ratio) else 0.0
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if self.directory is None:
+            return x
+        with self._lock:
+            self._refresh()
+            self._balance += self.ratio
+            fail = self._balance >= 1.0 - 1e-9
+            if fail:
+                self._balance -= 1.0
+        if fail:
+            raise Unavailable(f"{INJECTED_FAULT} ({self.ratio:g} of batches fail): {self._where}, fail layer")
+        return x
+
+
 _PLAIN: dict[str, Step] = {"relu": relu, "gelu": gelu, "softmax": softmax}
 
 
@@ -132,6 +193,7 @@ class NumpyBackend(Backend):
         self._reads = layer_reads(config.layers, src.name)
         self._steps = tuple(_compile(config.layers, tensors, src.shape[-1], self._reads))
         self._plans: dict[frozenset[str], tuple[int, ...]] = {}
+        self._faults = [step for step in self._steps if isinstance(step, FaultInjector)]
         self.memory_bytes = tensors.held_bytes
         self.on_work: Callable[[int], None] | None = None
 
@@ -159,6 +221,16 @@ class NumpyBackend(Backend):
         if self.on_work is not None and macs:
             self.on_work(macs)
         return outputs
+
+    @property
+    def fault_directory(self) -> os.PathLike[str] | str | None:
+        """Where ``fail`` layers find their ratio files (the version directory; the worker binds it)."""
+        return self._faults[0].directory if self._faults else None
+
+    @fault_directory.setter
+    def fault_directory(self, directory: os.PathLike[str] | str | None) -> None:
+        for fault in self._faults:
+            fault.directory = directory
 
     def _plan(self, skip: frozenset[str]) -> tuple[int, ...]:
         """The layers the outputs not in ``skip`` need, in order (cached per ``skip``)."""
@@ -250,6 +322,9 @@ def _compile(layers: Sequence[Layer], tensors: _Tensors, input_dim: int, reads: 
         elif layer.op == "count":
             steps.append(Counter())
             dim = 1
+        elif layer.op == "fail":
+            assert layer.ratio_file is not None  # required by modelspec
+            steps.append(FaultInjector(layer.ratio_file, tensors.where))
         elif layer.op in _PLAIN:
             steps.append(_PLAIN[layer.op])
         else:
