@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -88,6 +89,9 @@ DTYPES = tuple(sorted(dtypes.NAMES))
 _LAYER_GRAPH_DTYPES = ("FP16", "BF16", "FP32", "FP64")
 _MAX_FILE_BYTES = 1 << 20
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_INT64_MAX = (1 << 63) - 1
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 2, 80, 80, 40
 
 
 @dataclass(frozen=True)
@@ -190,14 +194,18 @@ class _Ctx:
     def int_(self, path: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             self.fail(path, f"expected an integer, got {_show(value)}")
+        if not -_INT64_MAX - 1 <= value <= _INT64_MAX:  # later messages print it: keep it printable
+            self.fail(path, f"out of range: {_brief(value)} does not fit in 64 bits")
         if lo is not None and value < lo:
-            self.fail(path, f"must be >= {lo}, got {value}")
+            self.fail(path, f"must be >= {lo}, got {_brief(value)}")
         if hi is not None and value > hi:
-            self.fail(path, f"must be <= {hi}, got {value}")
+            self.fail(path, f"must be <= {hi}, got {_brief(value)}")
         return value
 
     def float_(self, path: str, value: Any, lo: float, hi: float | None = None) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) <= _INT64_MAX:
+            value = float(value)  # a larger int overflows a float (math.isfinite raises on it)
+        if not isinstance(value, float) or not math.isfinite(value):
             self.fail(path, f"expected a finite number, got {_show(value)}")
         if value < lo or (hi is not None and value > hi):
             self.fail(path, f"must be in {lo}..{hi}, got {value}" if hi is not None else f"must be >= {lo}")
@@ -228,10 +236,19 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
+def _brief(value: Any) -> str:
+    """A value in an error message, cut short: YAML aliases can make a small file's value expand to
+    gigabytes (10 nested lists of 10 aliases each), so no message holds a full repr."""
+    try:
+        return _REPR.repr(value)
+    except ValueError:  # an integer past Python's int_max_str_digits (4300) cannot be printed at all
+        return f"an integer of {value.bit_length()} bits" if isinstance(value, int) else "a huge value"
+
+
 def _show(value: Any) -> str:
     if isinstance(value, (Mapping, list)):
         return type(value).__name__
-    return f"{type(value).__name__} {value!r}"
+    return f"{type(value).__name__} {_brief(value)}"
 
 
 # --- the schema --------------------------------------------------------------------------------------------
@@ -259,7 +276,7 @@ def _tensors(ctx: _Ctx, key: str, value: Any, max_batch_size: int) -> tuple[Tens
             ctx.fail(f"{path}.name", f"duplicate tensor name {name!r}")
         dtype = item["dtype"]
         if not isinstance(dtype, str) or dtype not in dtypes.NAMES:
-            ctx.fail(f"{path}.dtype", f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
+            ctx.fail(f"{path}.dtype", f"unknown dtype {_brief(dtype)}; one of {', '.join(DTYPES)}")
         dims = ctx.list_(f"{path}.shape", item["shape"])
         shape = tuple(ctx.int_(f"{path}.shape[{j}]", d, lo=-1) for j, d in enumerate(dims))
         if 0 in shape:
@@ -312,7 +329,7 @@ def _layer(ctx: _Ctx, path: str, item: Any) -> Layer:
     ctx.mapping(path, item, _ALL_LAYER_KEYS, ("op",))
     op = item["op"]
     if not isinstance(op, str) or op not in _LAYER_KEYS:
-        ctx.fail(f"{path}.op", f"unknown layer op {op!r}; one of {', '.join(LAYER_OPS)}")
+        ctx.fail(f"{path}.op", f"unknown layer op {_brief(op)}; one of {', '.join(LAYER_OPS)}")
     ctx.mapping(path, item, _LAYER_KEYS[op], _LAYER_REQUIRED.get(op, ()))
     tensor = {k: ctx.name(f"{path}.{k}", item[k]) for k in ("weight", "bias") if k in item}
     refs = {k: ctx.tensor_name(f"{path}.{k}", item[k]) for k in ("name", "from", "output") if k in item}
@@ -471,10 +488,10 @@ def model_config_from_dict(data: Any, *, model: str, version: str) -> ModelConfi
         ctx.fail("version", f"version directory {version!r} is not a positive integer")
     ctx.mapping("", data, _TOP_KEYS, ("backend", "inputs", "outputs"))
     if data.get("name", model) != model:
-        ctx.fail("name", f"{data['name']!r} differs from the directory name {model!r}")
+        ctx.fail("name", f"{_brief(data['name'])} differs from the directory name {model!r}")
     backend = data["backend"]
     if backend not in BACKENDS:
-        ctx.fail("backend", f"unknown backend {backend!r}; one of {', '.join(BACKENDS)}")
+        ctx.fail("backend", f"unknown backend {_brief(backend)}; one of {', '.join(BACKENDS)}")
     mbs = ctx.int_("max_batch_size", data.get("max_batch_size", 0), lo=0)
     inputs = _tensors(ctx, "inputs", data["inputs"], mbs)
     outputs = _tensors(ctx, "outputs", data["outputs"], mbs)
@@ -563,6 +580,8 @@ def parse_model_yaml(text: str, *, model: str, version: str) -> ModelConfig:
         data = yaml.load(text, Loader=_Loader)  # noqa: S506  _Loader is yaml's CSafeLoader or SafeLoader
     except yaml.YAMLError as err:
         raise InvalidArgument(f"model.yaml {model}/{version}: not valid YAML: {err}") from None
+    except ValueError:  # Python refuses to convert a decimal integer of over 4300 digits
+        raise InvalidArgument(f"model.yaml {model}/{version}: an integer has too many digits") from None
     return model_config_from_dict(data, model=model, version=version)
 
 

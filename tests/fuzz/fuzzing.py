@@ -1,0 +1,67 @@
+"""What the fuzz tests share: the hypothesis settings in force, and the checks every answer must pass.
+
+- Default (``make test``): few examples per test, derandomized, so the whole folder costs well under a
+  minute and fails the same way on every run.
+- ``MCP_FUZZ_EXAMPLES=N`` (``make chaos``): N examples per test, random seeds: the long search.
+
+Settings are applied per test (``@fuzz_settings()``), never loaded as the session's default: the other
+hypothesis tests of the suite keep theirs.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+__all__ = ["HOSTILE_NAMES", "LONG", "assert_clear", "fuzz_settings", "hostile_text"]
+
+LONG = int(os.environ.get("MCP_FUZZ_EXAMPLES", "0") or 0)
+_CHECKS = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large]
+
+#: Names a hostile peer tries first: paths, empty, long, NUL, unicode, format strings.
+HOSTILE_NAMES = (
+    "",
+    "../../etc/passwd",
+    "..%2f..%2fetc",
+    "/",
+    ".",
+    "a/b",
+    "\x00",
+    "demo-mlp\x00",
+    "x" * 10_000,
+    "é",
+    "\u202e",
+    "%s%n",
+    "{0}",
+    " ",
+    "demo-mlp ",
+)
+
+
+def fuzz_settings(examples: int = 25) -> settings:
+    """The settings of one fuzz test: ``examples`` derandomized in ``make test`` (a test whose examples
+    cost more asks for fewer), ``MCP_FUZZ_EXAMPLES`` random ones in ``make chaos``."""
+    return settings(
+        max_examples=LONG or examples,
+        derandomize=not LONG,
+        deadline=None,
+        suppress_health_check=_CHECKS,
+        database=None,
+        print_blob=True,
+    )
+
+
+def hostile_text(max_size: int = 64) -> st.SearchStrategy[str]:
+    """Known-hostile names, or any text (unicode, controls, NUL) up to ``max_size``."""
+    return st.one_of(st.sampled_from(HOSTILE_NAMES), st.text(max_size=max_size))
+
+
+def assert_clear(message: str, what: str = "") -> None:
+    """An error message a person can act on: not empty, no Python traceback or repr of an exception
+    object, bounded in size."""
+    assert message.strip(), f"empty error message {what}"
+    assert "Traceback" not in message, f"traceback in an error message {what}: {message[:2000]}"
+    assert 'File "' not in message, f"a source location in an error message {what}: {message[:2000]}"
+    assert len(message) < 20_000, f"an error message of {len(message)} characters {what}"
