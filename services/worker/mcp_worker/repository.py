@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mcpcore.crypto import MAGIC, Keyring, decrypt_model_bytes, read_header
+from mcpcore.crypto import MAGIC, Keyring, open_encrypted
 from mcpcore.errors import InvalidArgument, NotFound, PermissionDenied, ResourceExhausted
 from mcpcore.keys import NAME_RE, VERSION_RE, check_name, check_version
 from mcpcore.modelspec import ModelConfig, load_model_yaml
@@ -110,8 +110,8 @@ class ModelRepository:
 
     def _read_weights(self, config: ModelConfig, path: Path) -> bytes:
         where = f"model {config.name}/{config.version}"
-        raw = self._read_bounded(where, path)
         if not config.encrypted:
+            raw = self._read_bounded(where, path)
             if raw.startswith(MAGIC):
                 raise InvalidArgument(
                     f"{where}: weights {path} is an encrypted file but model.yaml does not say "
@@ -124,15 +124,19 @@ class ModelRepository:
                 f"{where} is encrypted with key id {config.key_id!r} but this worker has no keyring "
                 "configured"
             )
-        header = read_header(raw, source=source)
-        if header.key_id != config.key_id:
-            raise PermissionDenied(
-                f"{source} is encrypted with key id {header.key_id!r} but model.yaml declares "
-                f"key_id {config.key_id!r}"
-            )
-        return decrypt_model_bytes(
-            raw, keyring=self.keyring, model=config.name, version=config.version, source=source
-        )
+        # Streamed from the file: the ciphertext is never held whole next to the plaintext.
+        with open_encrypted(path, source=source) as enc:
+            if enc.size > self.max_weights_bytes:
+                raise ResourceExhausted(
+                    f"{where}: weights {path} is {enc.size} bytes, over this worker's limit of "
+                    f"{self.max_weights_bytes}"
+                )
+            if enc.header.key_id != config.key_id:
+                raise PermissionDenied(
+                    f"{source} is encrypted with key id {enc.header.key_id!r} but model.yaml declares "
+                    f"key_id {config.key_id!r}"
+                )
+            return enc.decrypt(self.keyring, model=config.name, version=config.version)
 
     def _read_bounded(self, where: str, path: Path) -> bytes:
         limit = self.max_weights_bytes
