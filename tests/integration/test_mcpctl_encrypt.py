@@ -1,5 +1,6 @@
 """``mcpctl keygen`` and ``mcpctl encrypt-model`` as real subprocesses on a tiny repository: the encrypted
-copy loads through the worker's ModelRepository with the right keyring and fails with another one."""
+copy (format 2) loads through the worker's ModelRepository with the right keyring and fails with another
+one; a format-1 file still loads there, and loading holds one plaintext-sized buffer."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import base64
 import json
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import pytest
 import yaml
 
 from mcp_worker.repository import ModelRepository
-from mcpcore.crypto import Keyring, write_keyring
+from mcpcore.crypto import CHUNK_BYTES, Keyring, encrypt_file, read_header, write_keyring
 from mcpcore.errors import PermissionDenied
 
 WEIGHTS = b"\x00\x01 fake safetensors bytes \xff" * 50
@@ -92,6 +94,7 @@ def test_encrypt_to_another_model_loads_with_the_right_keyring_only(repo: Path, 
     assert (src / "weights.safetensors").read_bytes() == WEIGHTS
     assert sorted(p.name for p in dst.iterdir()) == ["README", "model.yaml", "weights.safetensors.enc"]
     assert WEIGHTS[:20] not in (dst / "weights.safetensors.enc").read_bytes()
+    assert read_header((dst / "weights.safetensors.enc").read_bytes()).format_version == 2
     doc = yaml.safe_load((dst / "model.yaml").read_text())
     assert list(doc)[:6] == ["backend", "max_batch_size", "inputs", "outputs", "weights", "layers"]
     assert doc["weights"] == "weights.safetensors.enc"
@@ -127,6 +130,60 @@ def test_encrypt_in_place_removes_the_plaintext(repo: Path, ring: Path) -> None:
     )  # fmt: skip
     assert again.returncode == 1
     assert again.stderr.strip() == "mcpctl encrypt-model: model demo/1 is already encrypted (key id 'k1')"
+
+
+# Written by the format-1 writer (mcpcore.crypto at b552812) with key bytes(range(32)) as "k1", for
+# demo-legacy/1; the plaintext is LEGACY_PLAIN.
+LEGACY_PLAIN = b"legacy v1 weights\n" * 4
+LEGACY_BLOB = bytes.fromhex(
+    "4d4350454e4301026b31265ba44359028002934429fc42d079a83c14e41045fc2d27c6ee6cbdcbb54ed9da22f5712156"
+    "f1588685707cf12797deaf91eda5689559d4c25f79f191331ebda5349ddf44746544701ff66e9937389fc3ddb1dcd4db"
+    "0d1fd888936f50f7848a07ca3285791a383524e04984"
+)
+
+
+def _encrypted_version(repo: Path, model: str, blob: bytes | None = None) -> Path:
+    d = repo / model / "1"
+    d.mkdir(parents=True)
+    doc = {
+        **yaml.safe_load(MODEL_YAML),
+        "weights": "weights.safetensors.enc",
+        "encrypted": True,
+        "key_id": "k1",
+    }
+    (d / "model.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    if blob is not None:
+        (d / "weights.safetensors.enc").write_bytes(blob)
+    return d / "weights.safetensors.enc"
+
+
+def test_a_format_1_file_still_loads_in_the_worker(repo: Path, tmp_path: Path) -> None:
+    _encrypted_version(repo, "demo-legacy", LEGACY_BLOB)
+    ring = tmp_path / "legacy.json"
+    write_keyring(ring, {"k1": bytes(range(32))})
+    assert ModelRepository(repo, Keyring.load(ring)).load("demo-legacy", "1").weights == LEGACY_PLAIN
+
+
+def test_the_worker_decrypts_with_one_plaintext_sized_buffer(repo: Path, tmp_path: Path) -> None:
+    size = 16 << 20
+    src = tmp_path / "big.bin"
+    with src.open("wb") as f:
+        for i in range(size // CHUNK_BYTES):
+            f.write(bytes([i]) * CHUNK_BYTES)
+    key = bytes(range(32))
+    encrypt_file(
+        src, _encrypted_version(repo, "demo-big"), key=key, key_id="k1", model="demo-big", version="1"
+    )
+    repository = ModelRepository(repo, Keyring.from_keys({"k1": key}))
+    tracemalloc.start()
+    try:
+        weights = repository.load("demo-big", "1").weights
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert weights == src.read_bytes()
+    # The plaintext plus a chunk or two of scratch; reading the file whole first would make it 2x.
+    assert size <= peak < size + 4 * CHUNK_BYTES, peak
 
 
 @pytest.mark.parametrize(
