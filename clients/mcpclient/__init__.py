@@ -3,7 +3,15 @@
 Errors are the ``mcpcore.errors`` family, re-exported here: catch ``MCPError`` for all of them.
 """
 
-from mcpclient.client import AsyncMeshClient, ClientStats, MeshClient, ModelInfo, ReplicaInfo, Route
+from mcpclient.client import (
+    AsyncMeshClient,
+    ClientStats,
+    MeshClient,
+    ModelInfo,
+    ReplicaInfo,
+    Route,
+    TLSConfig,
+)
 from mcpcore.errors import (
     Aborted,
     DeadlineExceeded,
@@ -12,6 +20,7 @@ from mcpcore.errors import (
     InvalidArgument,
     MCPError,
     NotFound,
+    PermissionDenied,
     ResourceExhausted,
     Unavailable,
 )
@@ -28,8 +37,10 @@ __all__ = [
     "MeshClient",
     "ModelInfo",
     "NotFound",
+    "PermissionDenied",
     "ReplicaInfo",
     "ResourceExhausted",
     "Route",
+    "TLSConfig",
     "Unavailable",
 ]

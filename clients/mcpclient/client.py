@@ -55,14 +55,17 @@ from mcpcore import dtypes, wire
 from mcpcore.errors import (
     DeadlineExceeded,
     InvalidArgument,
+    PermissionDenied,
     Unavailable,
     from_rpc_error,
     not_started,
 )
 from mcpcore.forwarder import Forwarder, MayHaveStarted, NotSent
 from mcpcore.retry import RetryBudget
+from mcpcore.signing import RecordVerifier, payload
+from mcpcore.tls import TLSConfig, aio_channel, load_curve_keypair
 
-__all__ = ["AsyncMeshClient", "ClientStats", "MeshClient", "ModelInfo", "ReplicaInfo", "Route"]
+__all__ = ["AsyncMeshClient", "ClientStats", "MeshClient", "ModelInfo", "ReplicaInfo", "Route", "TLSConfig"]
 
 T = TypeVar("T")
 DEFAULT_ROUTER = "127.0.0.1:8001"
@@ -99,6 +102,8 @@ class Route:
     zmq_features: frozenset[str] = frozenset()
     incarnation: str = ""
     idempotent: bool = False  # the version may run twice: sent once more after its worker failed
+    record_certificate: str = ""  # the worker record's proof (mcpcore.signing)
+    record_signature: str = ""
 
     # mcpcore.forwarder.LinkTarget
     @property
@@ -261,6 +266,7 @@ def _route(model: str, r: inference_pb2.RouteResponse) -> Route:
     return Route(
         model, r.version, r.worker_id, r.data_endpoint, r.breaker_level, r.header_flags, r.curve_public_key,
         tuple(r.features_off), frozenset(r.zmq_features), r.incarnation, r.idempotent,
+        r.record_certificate, r.record_signature,
     )  # fmt: skip
 
 
@@ -287,6 +293,8 @@ class AsyncMeshClient:
         timeout: float = 30.0,
         route_ttl_s: float = 1.0,
         max_in_flight: int = 1024,
+        tls: TLSConfig | None = None,
+        curve_secret_key_file: str = "",
     ) -> None:
         addresses = [routers] if isinstance(routers, str) else list(routers)
         if not addresses or not all(isinstance(a, str) and a for a in addresses):
@@ -297,6 +305,11 @@ class AsyncMeshClient:
                 f"at most that long), got {timeout}, {route_ttl_s}"
             )
         self._addresses = addresses
+        self._tls = tls
+        # given the CA, a worker's signed record is checked before tensors go to it (mcpcore.signing)
+        self._verifier = RecordVerifier(tls.ca_file) if tls is not None and tls.ca_file else None
+        self._verified: set[Route] = set()
+        self._curve = load_curve_keypair(curve_secret_key_file) if curve_secret_key_file else None
         self._scheduler_address = scheduler or os.environ.get("MCP_SCHEDULER", DEFAULT_SCHEDULER)
         self.timeout = timeout
         self._ttl = route_ttl_s
@@ -377,6 +390,8 @@ class AsyncMeshClient:
         route = await self._cached_route(call)
         if self._unreachable.get(route.worker_id, 0.0) > time.monotonic():  # its link would not come up
             return self._fall_back(call)
+        if self._verifier is not None and route not in self._verified:
+            self._verify(route)
         fwd = self._link(route)
         if not await fwd.wait_connected(route.worker_id, min(call.left(), _CONNECT_WAIT_S)):
             self._forget(model)
@@ -428,9 +443,19 @@ class AsyncMeshClient:
             )
         self.stats.fallbacks += 1
 
+    def _verify(self, route: Route) -> None:
+        assert self._verifier is not None
+        signed = payload(route.worker_id, route.incarnation, route.endpoint, route.curve_public_key)
+        why = self._verifier.verify(route.worker_id, signed, route.record_certificate, route.record_signature)
+        if why:
+            raise PermissionDenied(f"worker {route.worker_id} at {route.endpoint}: {why}; nothing sent")
+        if len(self._verified) > 4096:
+            self._verified.clear()
+        self._verified.add(route)
+
     def _link(self, route: Route) -> Forwarder:
         if self._fwd is None:
-            self._fwd = Forwarder(max_in_flight=self._max_in_flight)
+            self._fwd = Forwarder(max_in_flight=self._max_in_flight, curve_keypair=self._curve)
         known = self._targets.get(route.worker_id)
         if known is None or (known.endpoint, known.curve_public_key) != (
             route.endpoint,
@@ -524,9 +549,7 @@ class AsyncMeshClient:
                 ("grpc.max_send_message_length", _MAX_MESSAGE),
                 ("grpc.max_receive_message_length", _MAX_MESSAGE),
             ]
-            self._routers = [
-                _Router(a, grpc.aio.insecure_channel(a, options=options)) for a in self._addresses
-            ]
+            self._routers = [_Router(a, aio_channel(a, self._tls, options)) for a in self._addresses]
         return self._routers
 
     async def _on_routers(self, method: str, request: Any, deadline: float, *, idempotent: bool) -> Any:
@@ -572,7 +595,7 @@ class AsyncMeshClient:
     # -- control ---------------------------------------------------------------------------------------
     def _scheduler(self) -> control_pb2_grpc.ModelControlStub:
         if self._control is None:
-            self._control_channel = grpc.aio.insecure_channel(self._scheduler_address)
+            self._control_channel = aio_channel(self._scheduler_address, self._tls)
             self._control = control_pb2_grpc.ModelControlStub(self._control_channel)
         return self._control
 

@@ -29,6 +29,9 @@ from rich.console import Console, RenderableType
 
 from mcpapi.v2 import control_pb2_grpc, health_pb2_grpc, inference_pb2_grpc
 from mcpcore.errors import MCPError, from_rpc_error
+from mcpcore.etcd_store import EtcdAuth
+from mcpcore.tls import TLSConfig
+from mcpcore.tls import channel as tls_channel
 
 __all__ = [
     "EXIT_FAILED",
@@ -39,11 +42,13 @@ __all__ = [
     "EXIT_USAGE",
     "Ctl",
     "Failure",
+    "apply_security",
     "connects",
     "exit_code",
     "output_option",
     "pass_ctl",
     "render_text",
+    "security_options",
 ]
 
 EXIT_OK = 0
@@ -93,6 +98,8 @@ class Ctl:
     etcd: str = ""
     output: str = "table"
     command: str = "mcpctl"  # the running command's path, e.g. "mcpctl breaker set", for its error line
+    tls: TLSConfig | None = None  # --tls-*: TLS / mutual TLS to the services
+    etcd_auth: EtcdAuth | None = None  # --etcd-*: TLS and user/password to etcd (dump)
     _channels: dict[str, grpc.Channel] = field(default_factory=dict, repr=False)
 
     @property
@@ -106,7 +113,7 @@ class Ctl:
         address = self.address(service)
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.insecure_channel(address)
+            channel = self._channels[address] = tls_channel(address, self.tls)
         return _STUBS[service](channel)
 
     def call(self, service: str, method: str, request: Any, timeout: float = CALL_TIMEOUT_S) -> Any:
@@ -204,6 +211,36 @@ def address_options(fn: F) -> F:
             metavar="HOST:PORT,..." if service == "etcd" else "HOST:PORT", help=what,
         )(fn)  # fmt: skip
     return fn
+
+
+_SECURITY = (
+    ("--tls-ca", "MCPCTL_TLS_CA", "the CA that issued the services' certificates (TLS)"),
+    ("--tls-cert", "MCPCTL_TLS_CERT", "this operator's certificate (mutual TLS; make certs: admin)"),
+    ("--tls-key", "MCPCTL_TLS_KEY", "its private key"),
+    ("--etcd-ca", "MCPCTL_ETCD_CA", "etcd's CA (dump reads etcd over TLS)"),
+    ("--etcd-user", "MCPCTL_ETCD_USER", "etcd user (with --etcd-password-file)"),
+    ("--etcd-password-file", "MCPCTL_ETCD_PASSWORD_FILE", "a file holding that user's password"),
+)
+
+
+def security_options(fn: F) -> F:
+    """The group's TLS and etcd credentials options (README "Securing a cluster"), each from MCPCTL_*."""
+    for flag, env, what in reversed(_SECURITY):
+        metavar = "NAME" if flag == "--etcd-user" else "FILE"
+        fn = click.option(flag, envvar=env, default="", show_envvar=True, metavar=metavar, help=what)(fn)
+    return fn
+
+
+def apply_security(ctl: Ctl, options: dict[str, str]) -> None:
+    """Set ``ctl.tls`` and ``ctl.etcd_auth`` from the options; a missing file is a usage error."""
+    o = options
+    try:
+        ctl.tls = TLSConfig(ca_file=o["tls_ca"], cert_file=o["tls_cert"], key_file=o["tls_key"])
+        ctl.etcd_auth = EtcdAuth(
+            ca_file=o["etcd_ca"], user=o["etcd_user"], password_file=o["etcd_password_file"]
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 def connects(*services: str) -> Callable[[F], F]:

@@ -28,7 +28,7 @@ from rich.text import Text
 
 from mcpclient.ctlkit import Ctl, Failure, connects, pass_ctl
 from mcpcore.errors import InvalidArgument
-from mcpcore.etcd_store import EtcdStore
+from mcpcore.etcd_store import EtcdAuth, EtcdStore
 from mcpcore.keys import Keyspace, check_name
 from mcpcore.store import Range
 
@@ -46,8 +46,8 @@ def _decode(raw: bytes) -> Any:
         return raw.decode("utf-8", "backslashreplace")
 
 
-async def _read(endpoints: list[str], prefix: str) -> Range:
-    async with EtcdStore(endpoints, timeout=5.0) as store:
+async def _read(endpoints: list[str], prefix: str, auth: EtcdAuth | None) -> Range:
+    async with EtcdStore(endpoints, timeout=5.0, auth=auth) as store:
         return await store.get_prefix(prefix)
 
 
@@ -88,7 +88,7 @@ def dump_cmd(ctl: Ctl, prefix: str) -> None:
     except InvalidArgument as err:
         raise click.BadParameter(err.message, param_hint="--prefix") from None
     endpoints = [e.strip() for e in ctl.etcd.split(",") if e.strip()]
-    items = asyncio.run(_read(endpoints, f"{prefix}/"))
+    items = asyncio.run(_read(endpoints, f"{prefix}/", ctl.etcd_auth))
     values = {kv.key: _decode(kv.value) for kv in items.items}
     routers = {
         k.removeprefix(keys.routers_prefix()): v

@@ -13,6 +13,7 @@ import json
 import random
 import shutil
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
@@ -67,9 +68,11 @@ class EtcdServer:
         peer_port: int | None = None,
         detached: bool = False,
         auto_compaction: str = "10m",
+        tls: tuple[Path, Path, Path] | None = None,
     ) -> None:
         """``detached``: the server outlives this process (its own session, no kill at exit), as ``make up``
         wants; otherwise it is killed at interpreter exit if its owner did not stop it.
+        ``tls``: (CA, certificate, key): clients speak TLS to it (https://; see README "Securing").
         ``auto_compaction``: history kept (etcd's periodic auto-compaction; "0" keeps all): without it, one
         write per worker per second fills etcd's quota and etcd turns read-only."""
         binary = shutil.which("etcd")
@@ -84,16 +87,23 @@ class EtcdServer:
         self.client_port, self.peer_port = ports
         self.detached = detached
         self.auto_compaction = auto_compaction
+        self.tls = tls
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def endpoint(self) -> str:
         return f"127.0.0.1:{self.client_port}"
 
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://{self.endpoint}"
+
     def _command(self) -> list[str]:
-        client, peer = f"http://{self.endpoint}", f"http://127.0.0.1:{self.peer_port}"
+        client, peer = self.url, f"http://127.0.0.1:{self.peer_port}"
+        tls = [] if self.tls is None else [f"--cert-file={self.tls[1]}", f"--key-file={self.tls[2]}"]
         return [
             self.binary,
+            *tls,
             f"--name={self.name}",
             f"--data-dir={self.data_dir}",
             f"--listen-client-urls={client}",
@@ -130,14 +140,15 @@ class EtcdServer:
 
     def wait_healthy(self, timeout_s: float = _START_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout_s
-        url = f"http://{self.endpoint}/health"
+        url = f"{self.url}/health"
+        context = None if self.tls is None else ssl.create_default_context(cafile=str(self.tls[0]))
         last = "no answer yet"
         while time.monotonic() < deadline:
             if self.proc is None or self.proc.poll() is not None:
                 code = None if self.proc is None else self.proc.returncode
                 self._fail(f"etcd exited with status {code} while starting")
             try:
-                with urllib.request.urlopen(url, timeout=0.5) as resp:
+                with urllib.request.urlopen(url, timeout=0.5, context=context) as resp:  # noqa: S310
                     body = json.loads(resp.read())
                 if body.get("health") == "true":
                     return

@@ -36,7 +36,9 @@ from mcpclient.ctlkit import (
     Ctl,
     Failure,
     address_options,
+    apply_security,
     exit_code,
+    security_options,
 )
 from mcpcore.errors import MCPError
 
@@ -58,6 +60,7 @@ def _exit_codes() -> str:
 )
 @click.version_option(package_name="mcpmesh", prog_name="mcpctl", message="%(prog)s %(version)s")
 @address_options
+@security_options
 @click.option(
     "-o",
     "--output",
@@ -67,9 +70,12 @@ def _exit_codes() -> str:
     help="table for people, or json: one document on stdout",
 )
 @click.pass_obj
-def cli(ctl: Ctl, *, scheduler: str, router: str, health: str, etcd: str, output: str) -> None:
+def cli(
+    ctl: Ctl, *, scheduler: str, router: str, health: str, etcd: str, output: str, **security: str
+) -> None:
     """Operate an mcpmesh cluster: models, traffic, breakers, workers, requests, and a look inside."""
     ctl.scheduler, ctl.router, ctl.health, ctl.etcd, ctl.output = scheduler, router, health, etcd, output
+    apply_security(ctl, security)
     click.get_current_context().call_on_close(ctl.close)
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "SERVER_SIDE_CLASSES",
     "Aborted",
     "AlreadyExists",
+    "Check",
     "DataLoss",
     "DeadlineExceeded",
     "FailedPrecondition",
@@ -241,11 +242,15 @@ def http_status(code: grpc.StatusCode) -> int:
     return HTTP_STATUS.get(code, 400)
 
 
-def _guard_unary(behavior: Any, method: str) -> Any:
+def _guard_unary(behavior: Any, method: str, check: Check | None) -> Any:
     awaited = inspect.iscoroutinefunction(behavior)
 
     async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
+            if type(request) is _Undecodable:
+                raise request.error
+            if check is not None:
+                check(context)
             if awaited:
                 return await behavior(request, context)
             result = behavior(request, context)
@@ -265,9 +270,13 @@ def _guard_unary(behavior: Any, method: str) -> Any:
     return call
 
 
-def _guard_stream(behavior: Any, method: str) -> Any:
+def _guard_stream(behavior: Any, method: str, check: Check | None) -> Any:
     async def agen(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
+            if type(request) is _Undecodable:
+                raise request.error
+            if check is not None:
+                check(context)
             if inspect.isasyncgenfunction(behavior):
                 async for item in behavior(request, context):
                     yield item
@@ -284,22 +293,85 @@ def _guard_stream(behavior: Any, method: str) -> Any:
     return agen
 
 
+#: Run before a method's behaviour with its context (an authorization); raises an MCPError to refuse.
+Check = Callable[[Any], None]
+
 #: A method's own (request deserializer, response serializer), in place of the generated ones; None:
 #: the bytes as they are (the method takes raw bytes, or returns its reply serialized).
 Codec = tuple[Callable[[bytes], Any] | None, Callable[[Any], bytes] | None]
 
 
-def _guard(handler: grpc.RpcMethodHandler, method: str, codec: Codec | None = None) -> grpc.RpcMethodHandler:
-    """``handler`` with the MCPError mapping around its behaviour (decided once, not per call)."""
+def _guard(
+    handler: grpc.RpcMethodHandler, method: str, codec: Codec | None = None, check: Check | None = None
+) -> grpc.RpcMethodHandler:
+    """``handler`` with the MCPError mapping around its behaviour (decided once, not per call), and
+    ``check`` (an authorization) run first: what it raises is answered like the behaviour's errors."""
     deserialize, serialize = codec or (handler.request_deserializer, handler.response_serializer)
+    deserialize = _tolerant(deserialize, method)
+    if handler.stream_unary is not None:
+        handler = handler._replace(stream_unary=_checking(handler.stream_unary))
+    if handler.stream_stream is not None:
+        handler = handler._replace(stream_stream=_checking(handler.stream_stream))
     options = {"request_deserializer": deserialize, "response_serializer": serialize}
     if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(_guard_unary(handler.unary_unary, method), **options)
+        behavior = _guard_unary(handler.unary_unary, method, check)
+        return grpc.unary_unary_rpc_method_handler(behavior, **options)
     if handler.stream_unary is not None:
-        return grpc.stream_unary_rpc_method_handler(_guard_unary(handler.stream_unary, method), **options)
+        behavior = _guard_unary(handler.stream_unary, method, check)
+        return grpc.stream_unary_rpc_method_handler(behavior, **options)
     if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(_guard_stream(handler.unary_stream, method), **options)
-    return grpc.stream_stream_rpc_method_handler(_guard_stream(handler.stream_stream, method), **options)
+        behavior = _guard_stream(handler.unary_stream, method, check)
+        return grpc.unary_stream_rpc_method_handler(behavior, **options)
+    behavior = _guard_stream(handler.stream_stream, method, check)
+    return grpc.stream_stream_rpc_method_handler(behavior, **options)
+
+
+class _Undecodable:
+    """A request whose bytes did not parse, handed to the guarded behaviour so that it is answered
+    INVALID_ARGUMENT: grpc answers a deserializer's exception UNKNOWN, with the exception's class."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: InvalidArgument) -> None:
+        self.error = error
+
+
+def _tolerant(deserialize: Callable[[bytes], Any] | None, method: str) -> Callable[[bytes], Any] | None:
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as exc:  # protobuf's DecodeError, or a method codec's own
+            return _Undecodable(InvalidArgument(f"{method}: the request does not parse ({exc})"))
+
+    return parse
+
+
+async def _checked(requests: Any) -> Any:
+    async for request in requests:
+        if type(request) is _Undecodable:
+            raise request.error
+        yield request
+
+
+def _checking(behavior: Any) -> Any:
+    """A stream-request behaviour whose requests stop with the INVALID_ARGUMENT of the first that did
+    not parse (else the guard sees protobuf's DecodeError: INTERNAL)."""
+    if inspect.isasyncgenfunction(behavior):
+
+        async def stream(requests: Any, context: Any) -> Any:
+            async for item in behavior(_checked(requests), context):
+                yield item
+
+        return stream
+
+    async def call(requests: Any, context: Any) -> Any:
+        result = behavior(_checked(requests), context)
+        return await result if inspect.isawaitable(result) else result
+
+    return call
 
 
 def _codec(handler: grpc.RpcMethodHandler, name: str) -> Codec | None:
@@ -316,8 +388,9 @@ class GuardedServer:
     call). The generated code registers each service twice, as a generic handler and by method
     name; both are built here from the named methods, so ``add_generic_rpc_handlers`` is a no-op."""
 
-    def __init__(self, server: grpc.aio.Server) -> None:
+    def __init__(self, server: grpc.aio.Server, checks: Callable[[str], Check | None] | None = None) -> None:
         self._server = server
+        self._checks = checks or (lambda method: None)
 
     def add_generic_rpc_handlers(self, handlers: Any) -> None:
         del handlers  # the same methods arrive by name in add_registered_method_handlers
@@ -325,6 +398,9 @@ class GuardedServer:
     def add_registered_method_handlers(
         self, service: str, handlers: Mapping[str, grpc.RpcMethodHandler]
     ) -> None:
-        guarded = {name: _guard(h, f"/{service}/{name}", _codec(h, name)) for name, h in handlers.items()}
+        guarded = {
+            name: _guard(h, f"/{service}/{name}", _codec(h, name), self._checks(f"/{service}/{name}"))
+            for name, h in handlers.items()
+        }
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, guarded),))
         self._server.add_registered_method_handlers(service, guarded)

@@ -21,6 +21,11 @@ Invariants:
   for a revision that a restored or emptied etcd reaches only much later, with other data).
 - A ``keep_alive`` refresher sets ``lost`` once etcd says the lease is gone, or once it could not reach
   etcd for a whole TTL; until then it retries, logging, and never dies silently.
+- Security (``EtcdAuth``): TLS to etcd (its CA; a client certificate where etcd asks for one), and etcd's
+  username/password auth. A password is only ever sent over TLS. The token comes from ``Authenticate`` on a
+  background task and rides on every call as call credentials; it is renewed every ``_TOKEN_RENEW_S`` and
+  whenever etcd says it is invalid. Until the first token, calls fail ``Unavailable`` (callers retry as for
+  an unreachable etcd); a refused password is ``PermissionDenied`` on every call, saying which user.
 """
 
 from __future__ import annotations
@@ -31,14 +36,17 @@ import ipaddress
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import grpc
 import grpc.aio
 from etcd3aio import EtcdError, prefix_range_end
-from etcd3aio._protobuf import Compare as PbCompare
 from etcd3aio._protobuf import (
+    AuthenticateRequest,
+    AuthStub,
     DeleteRangeRequest,
     LeaseKeepAliveRequest,
     LeaseStub,
@@ -50,6 +58,7 @@ from etcd3aio._protobuf import (
     WatchStub,
     kv_pb2,
 )
+from etcd3aio._protobuf import Compare as PbCompare
 from etcd3aio.kv import KVService
 from etcd3aio.lease import LeaseService
 
@@ -69,8 +78,9 @@ from mcpcore.store import (
     WatchCompacted,
     WatchEvent,
 )
+from mcpcore.tls import TLSConfig, aio_channel
 
-__all__ = ["EtcdStore"]
+__all__ = ["EtcdAuth", "EtcdStore"]
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +101,51 @@ _CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.max_reconnect_backoff_ms", 1_000),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
 ]
+
+
+_TOKEN_RENEW_S = 100.0  # etcd's simple tokens live 300 s (--auth-token-ttl) unless used
+_NOT_AUTHENTICATED = ("user name is empty", "invalid auth token", "token is invalid")
+
+
+@dataclass(frozen=True)
+class EtcdAuth:
+    """How a service proves itself to etcd and checks etcd's certificate (each service's ``etcd_auth``
+    config section: env ``MCP_<SERVICE>_ETCD_AUTH__USER`` ...)."""
+
+    #: etcd's CA: set, the service speaks TLS to etcd and verifies it.
+    ca_file: str = ""
+    #: A client certificate and key, where etcd is run with --client-cert-auth.
+    cert_file: str = ""
+    key_file: str = ""
+    #: etcd user (``etcdctl user add``) and a file holding its password (a mounted secret, not an env var).
+    user: str = ""
+    password_file: str = ""
+
+    def __post_init__(self) -> None:
+        if bool(self.user) != bool(self.password_file):
+            raise ValueError("etcd_auth: user and password_file go together")
+        if self.user and not self.ca_file:
+            raise ValueError("etcd_auth: a user needs ca_file: the password would cross the network in clear")
+        if self.password_file and not Path(self.password_file).is_file():
+            raise ValueError(f"etcd_auth.password_file: no such file {self.password_file!r}")
+        self.tls  # noqa: B018  (checks the certificate files now, at start)
+
+    @property
+    def tls(self) -> TLSConfig:
+        return TLSConfig(ca_file=self.ca_file, cert_file=self.cert_file, key_file=self.key_file)
+
+    def password(self) -> str:
+        return Path(self.password_file).read_text().strip()
+
+
+class _Token(grpc.AuthMetadataPlugin):
+    """The current etcd token on every call (none before the first ``Authenticate``)."""
+
+    def __init__(self) -> None:
+        self.value = ""
+
+    def __call__(self, context: grpc.AuthMetadataContext, callback: grpc.AuthMetadataPluginCallback) -> None:
+        callback((("token", self.value),) if self.value else (), None)
 
 
 def _b(data: str | bytes) -> bytes:
@@ -120,21 +175,71 @@ def _target(endpoints: Sequence[str]) -> tuple[str, list[tuple[str, int | str]]]
 class EtcdStore(Store):
     """``Store`` over etcd. Use ``async with EtcdStore([...]) as store`` or ``connect()``/``close()``."""
 
-    def __init__(self, endpoints: Sequence[str], *, timeout: float = 5.0) -> None:
+    def __init__(
+        self, endpoints: Sequence[str], *, timeout: float = 5.0, auth: EtcdAuth | None = None
+    ) -> None:
         self._endpoints = ",".join(endpoints)
         self._target, self._options = _target(endpoints)
         self._timeout = timeout
+        self._auth = auth if auth is not None and (auth.ca_file or auth.user) else None
+        self._token = _Token()
+        self._auth_error = ""  # etcd refused the password: every call says so
+        self._renew = asyncio.Event()
+        self._answered = asyncio.Event()  # etcd answered an Authenticate (a token or a refusal)
         self._channel: grpc.aio.Channel | None = None
         self._kv: KVService | None = None
         self._lease: LeaseService | None = None
         self._refreshers: set[asyncio.Task[None]] = set()
 
     async def connect(self) -> None:
-        """Open the channel. Does not wait for etcd: calls fail with ``Unavailable`` until it answers."""
+        """Open the channel. Does not wait for etcd (with a user, at most ``timeout`` for its first token):
+        calls fail with ``Unavailable`` until it answers."""
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self._target, options=self._options)
+            self._channel = self._open()
             self._kv = KVService(self._channel, max_attempts=1)
             self._lease = LeaseService(self._channel, max_attempts=1)
+            if self._auth is not None and self._auth.user:
+                task = asyncio.get_running_loop().create_task(self._keep_token(self._auth))
+                self._refreshers.add(task)
+                task.add_done_callback(self._refreshers.discard)
+                # the first calls carry a token when etcd answers in time (else they retry as unreachable)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._answered.wait(), self._timeout)
+
+    def _open(self) -> grpc.aio.Channel:
+        if self._auth is None:
+            return aio_channel(self._target, None, self._options)
+        tls = self._auth.tls
+        credentials = tls.channel_credentials()
+        if self._auth.user:
+            token = grpc.metadata_call_credentials(self._token, name="etcd token")
+            credentials = grpc.composite_channel_credentials(credentials, token)
+        return grpc.aio.secure_channel(
+            self._target, credentials, options=[*self._options, *tls.channel_options()]
+        )
+
+    async def _keep_token(self, auth: EtcdAuth) -> None:
+        """Authenticate now, then again every _TOKEN_RENEW_S or when etcd says the token is invalid."""
+        stub = AuthStub(self._channel)
+        backoff = _RETRY_MIN_S
+        while True:
+            try:
+                reply = await stub.Authenticate(
+                    AuthenticateRequest(name=auth.user, password=auth.password()), timeout=self._timeout
+                )
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() in _TRANSIENT:
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, _RETRY_MAX_S)
+                    continue
+                self._auth_error = f"etcd at {self._endpoints} refused user {auth.user!r}: {exc.details()}"
+                log.error("%s (check etcd_auth.user and etcd_auth.password_file)", self._auth_error)
+            else:
+                self._token.value, self._auth_error, backoff = reply.token, "", _RETRY_MIN_S
+            self._answered.set()
+            self._renew.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._renew.wait(), _TOKEN_RENEW_S)
 
     async def close(self) -> None:
         for task in list(self._refreshers):
@@ -165,6 +270,8 @@ class EtcdStore(Store):
         rpc = exc if isinstance(exc, grpc.aio.AioRpcError) else exc.__cause__
         if isinstance(rpc, grpc.aio.AioRpcError):
             code, detail = rpc.code(), rpc.details() or ""
+            if any(s in detail for s in _NOT_AUTHENTICATED):
+                return self._not_authenticated(detail)
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 return self._unavailable(f"{code.name}: {detail}")
             if code == grpc.StatusCode.UNAUTHENTICATED:
@@ -173,6 +280,17 @@ class EtcdStore(Store):
         if isinstance(exc, TimeoutError):
             return self._unavailable(f"no answer within the {self._timeout:g} s deadline")
         return errors.Internal(f"etcd at {self._endpoints}: {exc}")
+
+    def _not_authenticated(self, detail: str) -> errors.MCPError:
+        if self._auth_error:
+            return errors.PermissionDenied(self._auth_error)
+        if self._auth is None or not self._auth.user:
+            return errors.PermissionDenied(
+                f"etcd at {self._endpoints} requires authentication ({detail}): set this service's "
+                "etcd_auth.user, etcd_auth.password_file and etcd_auth.ca_file"
+            )
+        self._renew.set()  # an expired or not yet issued token: renew it, and the caller retries
+        return self._unavailable(f"authenticating as {self._auth.user!r}: {detail}")
 
     @contextlib.contextmanager
     def _calling(self) -> Iterator[None]:

@@ -147,7 +147,7 @@ class _Link:
         ):
             self.sock.setsockopt(option, value)
         if endpoint.curve_public_key:
-            public, secret = zmq.curve_keypair()
+            public, secret = fwd.curve_keypair or zmq.curve_keypair()
             self.sock.curve_serverkey = endpoint.curve_public_key.encode()
             self.sock.curve_publickey, self.sock.curve_secretkey = public, secret
         address = f"inproc://link-monitor-{next(_monitors)}"
@@ -175,8 +175,12 @@ class Forwarder:
         on_error: Callable[[str], None] = lambda loop: None,
         on_link_down: Callable[[str], None] = lambda worker: None,
         on_late: Callable[[], None] = lambda: None,
+        curve_keypair: tuple[bytes, bytes] | None = None,
     ) -> None:
         self._ctx = zmq.Context()
+        #: This sender's CURVE identity (public, secret), which workers with an allow-list check; None: a
+        #: fresh key pair per link (the link is encrypted, but a worker with an allow-list refuses it).
+        self.curve_keypair = curve_keypair
         self._actx = zmq.asyncio.Context.shadow(self._ctx.underlying)  # the links' monitors
         self._loop: asyncio.AbstractEventLoop | None = None
         self._links: dict[str, _Link] = {}

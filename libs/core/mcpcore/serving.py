@@ -3,7 +3,9 @@
 Invariants: every servicer is registered with ``add`` (through ``GuardedServer``), so an MCPError it
 raises reaches the client as its status; every service's port answers ``grpc.health.v1`` for ``""`` and
 for each of its services; they report SERVING only once the service says it is ready (``set_serving``),
-and NOT_SERVING as soon as it begins to stop, before the server stops taking calls.
+and NOT_SERVING as soon as it begins to stop, before the server stops taking calls. With ``tls`` enabled
+the port speaks only TLS (mutual TLS with a CA; ``mcpcore.tls``), and control methods check the caller's
+certificate name before they run.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from mcpcore.errors import GuardedServer
+from mcpcore.tls import Access, TLSConfig
 
 __all__ = ["GrpcService"]
 
@@ -27,8 +30,11 @@ class GrpcService:
         *,
         options: Sequence[tuple[str, Any]] = (),
         maximum_concurrent_rpcs: int | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         self.services = tuple(services)
+        self.tls = tls if tls is not None and tls.enabled else None
+        self._access = Access(self.tls)
         self.server = grpc.aio.server(
             options=list(options),
             maximum_concurrent_rpcs=maximum_concurrent_rpcs,
@@ -38,11 +44,15 @@ class GrpcService:
 
     def add(self, add_to_server: Callable[[Any, Any], None], servicer: Any) -> None:
         """Register ``servicer`` with its generated ``add_*Servicer_to_server`` function."""
-        add_to_server(servicer, GuardedServer(self.server))
+        add_to_server(servicer, GuardedServer(self.server, self._access.check_for))
 
     async def start(self, host: str, port: int) -> int:
         """Bind (port 0 picks one) and start; returns the bound port. Not SERVING yet."""
-        bound = self.server.add_insecure_port(f"{host}:{port}")
+        address = f"{host}:{port}"
+        if self.tls is None:
+            bound = self.server.add_insecure_port(address)
+        else:
+            bound = self.server.add_secure_port(address, self.tls.server_credentials())
         await self.server.start()
         return bound
 

@@ -5,9 +5,11 @@ Env vars are ``MCP_HEALTH_<FIELD>``; ports follow DESIGN.md section 13 (gRPC 500
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mcpcore.config import instance_id
+from mcpcore.etcd_store import EtcdAuth
+from mcpcore.tls import TLSConfig
 
 __all__ = ["HealthConfig"]
 
@@ -22,6 +24,10 @@ class HealthConfig:
     etcd_endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
     etcd_prefix: str = "/mcp"
     etcd_timeout_s: float = 5.0
+    #: TLS to etcd and etcd's user/password auth (env MCP_HEALTH_ETCD_AUTH__USER, ...; README "Securing").
+    etcd_auth: EtcdAuth = field(default_factory=EtcdAuth)
+    #: TLS / mutual TLS: this service's gRPC server and its calls (env MCP_HEALTH_TLS__CA_FILE, ...).
+    tls: TLSConfig = field(default_factory=TLSConfig)
     leader_ttl_s: int = 5
     #: Periodic checks (report ages, error rates) run about this often, with +-20% jitter.
     check_interval_s: float = 0.5

@@ -39,6 +39,7 @@ from mcpcore.keys import Keyspace, ReplicaId
 from mcpcore.lifecycle import ReplicaLifecycle, ReplicaState
 from mcpcore.mirror import PrefixMirror
 from mcpcore.store import Compare
+from mcpcore.tls import TLSConfig, aio_channel
 
 __all__ = ["Detector", "WorkerSeen"]
 
@@ -74,12 +75,14 @@ class Detector:
         sick_errors: int,
         worker_timeout_s: float,
         fence: Callable[[], Fence | None],
+        tls: TLSConfig | None = None,
         on_heartbeat_age: Callable[[str, float], None] = lambda worker, age: None,
         on_error: Callable[[str], None] = lambda loop: None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._mirror, self._keys, self._lifecycle, self._alerter = mirror, keys, lifecycle, alerter
+        self._tls = tls  # EmergencyStop calls: under mutual TLS the workers check this identity
         self._report_timeout, self._sick_errors, self._worker_timeout = (
             report_timeout_s,
             sick_errors,
@@ -231,7 +234,7 @@ class Detector:
             return
         log.warning("worker %s is sick (%s): emergency stop", seen.id, why)
         try:
-            async with grpc.aio.insecure_channel(seen.grpc) as channel:
+            async with aio_channel(seen.grpc, self._tls) as channel:
                 stub = worker_pb2_grpc.WorkerControlStub(channel)
                 reply = await stub.EmergencyStop(
                     worker_pb2.EmergencyStopRequest(reason=f"health: {why}"),

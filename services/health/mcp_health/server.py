@@ -50,7 +50,7 @@ class HealthServer:
         self.metrics = HealthMetrics(CollectorRegistry())
         self._lag = LoopLagMonitor(self.metrics.loop_lag.observe)
         self.keys = Keyspace(config.etcd_prefix)
-        self.store = EtcdStore(config.etcd_endpoints, timeout=config.etcd_timeout_s)
+        self.store = EtcdStore(config.etcd_endpoints, timeout=config.etcd_timeout_s, auth=config.etcd_auth)
         self.election = LeaderElection(
             self.store, self.keys.leader("health"), config.health_id, ttl=config.leader_ttl_s,
             on_change=lambda leading: self.metrics.is_leader.set(1 if leading else 0),
@@ -68,7 +68,7 @@ class HealthServer:
         self.detector = Detector(
             self.mirror, self.keys, ReplicaLifecycle(self.store, self.keys), self.alerter,
             report_timeout_s=config.report_timeout_s, sick_errors=config.sick_errors,
-            worker_timeout_s=config.worker_timeout_s, fence=self._fence,
+            worker_timeout_s=config.worker_timeout_s, fence=self._fence, tls=config.tls,
             on_heartbeat_age=lambda w, age: self.metrics.heartbeat_age.labels(w).set(age),
             on_error=self.metrics.count_loop_error,
         )  # fmt: skip
@@ -77,7 +77,7 @@ class HealthServer:
             on_level=lambda m, level: self.metrics.breaker_level.labels(m).set(level),
             on_rejected=self.metrics.count_config_rejected, on_error=self.metrics.count_loop_error,
         )  # fmt: skip
-        self.grpc = GrpcService(["mcpapi.v2.Health"])
+        self.grpc = GrpcService(["mcpapi.v2.Health"], tls=config.tls)
         self._task: asyncio.Task[None] | None = None
         self._metrics_server: Any = None
         self.endpoints: dict[str, str] = {}

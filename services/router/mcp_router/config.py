@@ -6,9 +6,11 @@ like Triton, metrics 9101).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mcpcore.config import instance_id
+from mcpcore.etcd_store import EtcdAuth
+from mcpcore.tls import TLSConfig
 
 __all__ = ["RouterConfig"]
 
@@ -33,6 +35,13 @@ class RouterConfig:
     etcd_endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
     etcd_prefix: str = "/mcp"
     etcd_timeout_s: float = 5.0
+    #: TLS to etcd and etcd's user/password auth (env MCP_ROUTER_ETCD_AUTH__USER, ...; README "Securing").
+    etcd_auth: EtcdAuth = field(default_factory=EtcdAuth)
+    #: TLS / mutual TLS: this service's gRPC server and its calls (env MCP_ROUTER_TLS__CA_FILE, ...).
+    tls: TLSConfig = field(default_factory=TLSConfig)
+    #: This router's CURVE key pair (a zmq.auth ``.key_secret`` file) for links to CURVE workers; workers
+    #: with an allow-list (zmq_curve_clients_dir) accept only known keys. Empty: a fresh key per link.
+    zmq_curve_secret_key_file: str = ""
     #: Where RepositoryModelLoad/Unload go (the scheduler's gRPC address); empty = not offered.
     scheduler: str = "127.0.0.1:50051"
     #: Bounded loads: a worker takes a request while its in-flight count is below c x the mean.

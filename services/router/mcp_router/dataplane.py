@@ -124,6 +124,8 @@ class RouteDecision:
     incarnation: str = ""
     idempotent: bool = False  # the version may run twice (a direct client's one resend)
     alternatives: tuple[RouteDecision, ...] = ()  # other workers that could take it (keyless, on request)
+    record_certificate: str = ""  # the worker record's proof (mcpcore.signing), for a direct client
+    record_signature: str = ""
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,9 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
 
-import grpc
-import grpc.aio
-
 from mcp_router.dataplane import BatchSizeStats, Duration, ModelStats
 from mcpapi.v2 import worker_pb2, worker_pb2_grpc
+from mcpcore.tls import TLSConfig, aio_channel
 
 __all__ = ["collect"]
 
@@ -33,8 +31,10 @@ def _duration(d: worker_pb2.Duration) -> Duration:
     return Duration(d.count, d.ns)
 
 
-async def _stats(address: str, model: str, timeout_s: float) -> worker_pb2.StatsResponse:
-    async with grpc.aio.insecure_channel(address) as channel:
+async def _stats(
+    address: str, model: str, timeout_s: float, tls: TLSConfig | None
+) -> worker_pb2.StatsResponse:
+    async with aio_channel(address, tls) as channel:
         stub = worker_pb2_grpc.WorkerControlStub(channel)
         return await stub.Stats(worker_pb2.StatsRequest(model=model), timeout=timeout_s)
 
@@ -44,6 +44,7 @@ async def collect(
     addresses: Mapping[str, str],
     *,
     timeout_s: float = 2.0,
+    tls: TLSConfig | None = None,
     on_missing: Callable[[str], None] = lambda worker: None,
 ) -> list[ModelStats]:
     """``wanted``: (model, version) -> the workers serving it; ``addresses``: worker -> gRPC address.
@@ -52,7 +53,7 @@ async def collect(
     workers = sorted({w for ws in holders.values() for w in ws})
     models = {m for m, _ in holders}
     model_filter = next(iter(models)) if len(models) == 1 else ""
-    calls = [_stats(addresses.get(w, ""), model_filter, timeout_s) for w in workers]
+    calls = [_stats(addresses.get(w, ""), model_filter, timeout_s, tls) for w in workers]
     answers = await asyncio.gather(*calls, return_exceptions=True)
     sums: dict[tuple[str, str], list[worker_pb2.ReplicaTotals]] = {pair: [] for pair in holders}
     for worker, answer in zip(workers, answers, strict=True):

@@ -79,6 +79,7 @@ from mcpcore.errors import (
 )
 from mcpcore.forwarder import Forwarder, MayHaveStarted, NotSent
 from mcpcore.retry import RetryBudget
+from mcpcore.tls import TLSConfig
 
 __all__ = ["Router"]
 
@@ -191,6 +192,7 @@ class Router(DataPlane):
         retry_budget: RetryBudget | None = None,
         scheduler_load: Callable[[str, str], Awaitable[None]] | None = None,
         scheduler_unload: Callable[[str], Awaitable[None]] | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         self._snap = snapshots
         self._fwd = forwarder
@@ -201,6 +203,7 @@ class Router(DataPlane):
         self._rr: dict[str, SmoothWeightedRoundRobin] = {}
         self._scheduler_load = scheduler_load
         self._scheduler_unload = scheduler_unload
+        self._tls = tls  # for the workers' Stats calls (ModelStatistics)
         self._sequences = Sequences()
         self._tracer = tracing.tracer(__name__)  # None: tracing is off (resolved once, not per request)
 
@@ -269,7 +272,9 @@ class Router(DataPlane):
             if not version or v == version
         }
         addresses = {w: e.grpc for w, e in table.workers.items()}
-        return await model_stats.collect(wanted, addresses, on_missing=self._stats.stats_missing)
+        return await model_stats.collect(
+            wanted, addresses, tls=self._tls, on_missing=self._stats.stats_missing
+        )
 
     def index(self) -> list[ModelIndexEntry]:
         out = []
@@ -380,7 +385,8 @@ class Router(DataPlane):
                 model, chosen, node, endpoint.zmq, level, flags, endpoint.curve_public_key,
                 tuple(table.features_off) if flags & FLAG_SECONDARY_OFF else (),
                 tuple(sorted(endpoint.zmq_features)), endpoint.incarnation,
-                route.idempotent.get(chosen, False),
+                route.idempotent.get(chosen, False), (),
+                endpoint.record_certificate, endpoint.record_signature,
             )  # fmt: skip
 
         if candidates <= 1 or routing_key:

@@ -42,6 +42,8 @@ from mcpcore.looplag import LoopLagMonitor
 from mcpcore.metrics import start_metrics_server
 from mcpcore.retry import RetryBudget
 from mcpcore.serving import GrpcService
+from mcpcore.signing import RecordVerifier
+from mcpcore.tls import aio_channel, load_curve_keypair
 
 __all__ = ["RouterServer"]
 
@@ -56,7 +58,7 @@ class RouterServer:
         self.config = config
         self.metrics = RouterMetrics(CollectorRegistry())
         self.keys = Keyspace(config.etcd_prefix)
-        self.store = EtcdStore(config.etcd_endpoints, timeout=config.etcd_timeout_s)
+        self.store = EtcdStore(config.etcd_endpoints, timeout=config.etcd_timeout_s, auth=config.etcd_auth)
         self.forwarder = Forwarder(
             max_in_flight=config.max_in_flight_per_worker,
             max_bytes=config.max_bytes_in_flight,
@@ -68,6 +70,11 @@ class RouterServer:
             on_error=self.metrics.count_loop_error,
             on_link_down=self._link_down,
             on_late=self.metrics.late_replies.inc,
+            curve_keypair=(
+                load_curve_keypair(config.zmq_curve_secret_key_file)
+                if config.zmq_curve_secret_key_file
+                else None
+            ),
         )
         self.snapshots = Snapshots(
             self.store,
@@ -78,6 +85,7 @@ class RouterServer:
             on_error=self.metrics.count_loop_error,
             on_applied=self.metrics.watch_apply.labels("router").observe,
             on_swap=self._swapped,
+            verifier=RecordVerifier(config.tls.ca_file) if config.tls.ca_file else None,
         )
         self.stats = RequestStats(self.metrics, window_s=config.stats_window_s)
         self.endpoints: dict[str, str] = {}
@@ -93,7 +101,7 @@ class RouterServer:
         )
         self._scheduler = None
         if config.scheduler:
-            self._scheduler = control_pb2_grpc.ModelControlStub(grpc.aio.insecure_channel(config.scheduler))
+            self._scheduler = control_pb2_grpc.ModelControlStub(aio_channel(config.scheduler, config.tls))
         self.router = Router(
             self.snapshots,
             self.forwarder,
@@ -103,10 +111,12 @@ class RouterServer:
             retry_budget=RetryBudget(config.retry_budget_ratio),
             scheduler_load=self._load if self._scheduler else None,
             scheduler_unload=self._unload if self._scheduler else None,
+            tls=config.tls,
         )
         self.grpc = GrpcService(
             SERVICES,
             maximum_concurrent_rpcs=config.max_concurrent_rpcs,
+            tls=config.tls,
             options=[
                 ("grpc.max_receive_message_length", 64 << 20),
                 ("grpc.max_send_message_length", 64 << 20),

@@ -52,6 +52,7 @@ def _route_response(d: RouteDecision) -> v2.RouteResponse:
         features_off=d.features_off, zmq_features=d.zmq_features, incarnation=d.incarnation,
         idempotent=d.idempotent,
         alternatives=[_route_response(a) for a in d.alternatives],
+        record_certificate=d.record_certificate, record_signature=d.record_signature,
     )  # fmt: skip
 
 

@@ -36,6 +36,7 @@ from mcpcore.errors import InvalidArgument
 from mcpcore.keys import Keyspace
 from mcpcore.mirror import PrefixMirror
 from mcpcore.modelspec import DEFAULT_MAX_ONGOING_REQUESTS
+from mcpcore.signing import RecordVerifier, payload
 from mcpcore.store import EventType, Store
 
 __all__ = ["ModelRoute", "RoutingTable", "Snapshots", "Split", "WorkerEndpoint"]
@@ -53,6 +54,8 @@ class WorkerEndpoint:
     draining: bool = False
     grpc: str = ""  # its WorkerControl address (model statistics)
     zmq_features: frozenset[str] = frozenset()  # what its tensor socket takes besides single messages
+    record_certificate: str = ""  # the signed record's proof (mcpcore.signing), handed to direct clients
+    record_signature: str = ""
 
 
 @dataclass(frozen=True)
@@ -123,8 +126,10 @@ class Snapshots:
         on_applied: Callable[[float], None] = lambda seconds: None,
         on_swap: Callable[[RoutingTable, RoutingTable], None] = lambda old, new: None,
         clock: Callable[[], float] = time.monotonic,
+        verifier: RecordVerifier | None = None,
     ) -> None:
         self._keys = keys
+        self._verifier = verifier  # given the CA: only records signed for their worker id are routed
         self._link_ok = link_ok
         self._grace = grace_s
         self._on_rejected = on_rejected
@@ -266,6 +271,12 @@ class Snapshots:
             self._on_rejected("worker")
             log.warning("rejected the record of worker %s: %s", worker, why)
             return ""
+        if self._verifier is not None:
+            why = self._verify(worker, doc)
+            if why:
+                self._on_rejected("worker_signature")
+                log.warning("rejected the record of worker %s: %s (nothing is sent there)", worker, why)
+                return ""
         self._ghosts.pop(worker, None)  # registered again: its records say what it holds
         capacity = doc.get("capacity", 1.0)
         valid = isinstance(capacity, int | float) and not isinstance(capacity, bool) and 0 < capacity <= 64
@@ -278,8 +289,16 @@ class Snapshots:
             bool(doc.get("draining")),
             str(doc.get("grpc", "")),
             _features(doc.get("zmq_features")),
+            str(doc.get("record_certificate", "")),
+            str(doc.get("record_signature", "")),
         )
         return "*"
+
+    def _verify(self, worker: str, doc: dict[str, Any]) -> str:
+        assert self._verifier is not None
+        key = str(doc.get("curve_public_key", ""))
+        data = payload(worker, str(doc.get("incarnation", "")), doc["zmq"], key)
+        return self._verifier.verify(worker, data, doc.get("record_certificate"), doc.get("record_signature"))
 
     def _apply_model(self, model: str, what: str, value: bytes | None) -> str:
         if what == "routing":

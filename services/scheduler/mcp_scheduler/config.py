@@ -5,9 +5,11 @@ Env vars are ``MCP_SCHEDULER_<FIELD>``; names and defaults of ports follow DESIG
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mcpcore.config import instance_id
+from mcpcore.etcd_store import EtcdAuth
+from mcpcore.tls import TLSConfig
 
 __all__ = ["SchedulerConfig"]
 
@@ -23,6 +25,10 @@ class SchedulerConfig:
     etcd_endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
     etcd_prefix: str = "/mcp"
     etcd_timeout_s: float = 5.0
+    #: TLS to etcd and etcd's user/password auth (env MCP_SCHEDULER_ETCD_AUTH__USER, ...; README "Securing").
+    etcd_auth: EtcdAuth = field(default_factory=EtcdAuth)
+    #: TLS / mutual TLS: this service's gRPC server and its calls (env MCP_SCHEDULER_TLS__CA_FILE, ...).
+    tls: TLSConfig = field(default_factory=TLSConfig)
     #: Leader lease: a standby takes over within about this long after the leader dies.
     leader_ttl_s: int = 5
     #: Models are reconciled as they change; this often, what time alone changes is looked at (backoffs

@@ -78,7 +78,7 @@ class Scheduler:
         self._lag = LoopLagMonitor(self._observe_lag)
         self._lag_max = 0.0
         self.keys = Keyspace(config.etcd_prefix)
-        self.store = EtcdStore(config.etcd_endpoints, timeout=config.etcd_timeout_s)
+        self.store = EtcdStore(config.etcd_endpoints, timeout=config.etcd_timeout_s, auth=config.etcd_auth)
         self.state = ClusterState(
             self.store,
             self.keys,
@@ -94,7 +94,7 @@ class Scheduler:
             on_change=self._leadership,
             on_error=self.metrics.count_loop_error,
         )
-        self.clients = WorkerClients(timeout_s=config.worker_timeout_s)
+        self.clients = WorkerClients(timeout_s=config.worker_timeout_s, tls=config.tls)
         self.reconciler = Reconciler(
             self.state,
             self.store,
@@ -110,7 +110,7 @@ class Scheduler:
             on_action=lambda kind: self.metrics.actions.labels(kind).inc(),
         )
         self.service = ControlService(self.state, self.store, self.keys)
-        self.grpc = GrpcService(SERVICES)
+        self.grpc = GrpcService(SERVICES, tls=config.tls)
         self._metrics_server: Any = None
         self.endpoints: dict[str, str] = {}
 

@@ -31,6 +31,7 @@ import grpc.aio
 
 from mcpapi.v2 import model_pb2, worker_pb2, worker_pb2_grpc
 from mcpcore import errors
+from mcpcore.tls import TLSConfig, aio_channel
 
 __all__ = ["Metadata", "WorkerClients", "load_request"]
 
@@ -81,7 +82,14 @@ def load_request(
 class WorkerClients:
     """WorkerControl calls to any worker by its gRPC address ("host:port")."""
 
-    def __init__(self, *, timeout_s: float = 30.0, retries: int = 2, backoff_s: float = 0.1) -> None:
+    def __init__(
+        self,
+        *,
+        timeout_s: float = 30.0,
+        retries: int = 2,
+        backoff_s: float = 0.1,
+        tls: TLSConfig | None = None,
+    ) -> None:
         if timeout_s <= 0 or retries < 0 or backoff_s < 0:
             raise errors.InvalidArgument(
                 f"worker client: timeout_s must be > 0, retries and backoff_s >= 0 "
@@ -90,6 +98,7 @@ class WorkerClients:
         self._timeout_s = timeout_s
         self._retries = retries
         self._backoff_s = backoff_s
+        self._tls = tls
         self._stubs: dict[str, tuple[grpc.aio.Channel, worker_pb2_grpc.WorkerControlStub]] = {}
 
     # --- the calls -----------------------------------------------------------------------------------
@@ -187,7 +196,7 @@ class WorkerClients:
         if entry is None:
             if not grpc_addr or not isinstance(grpc_addr, str):
                 raise errors.InvalidArgument(f"worker address {grpc_addr!r} is not a 'host:port'")
-            channel = grpc.aio.insecure_channel(grpc_addr, options=_CHANNEL_OPTIONS)
+            channel = aio_channel(grpc_addr, self._tls, _CHANNEL_OPTIONS)
             entry = self._stubs[grpc_addr] = (channel, worker_pb2_grpc.WorkerControlStub(channel))
         return entry[1]
 

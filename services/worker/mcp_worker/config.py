@@ -7,9 +7,11 @@ the field named, never later on the request path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mcpcore.config import instance_id
+from mcpcore.etcd_store import EtcdAuth
+from mcpcore.tls import TLSConfig
 
 __all__ = ["WorkerConfig"]
 
@@ -26,6 +28,10 @@ class WorkerConfig:
     etcd_prefix: str = "/mcp"
     #: Seconds an etcd call may take.
     etcd_timeout_s: float = 5.0
+    #: TLS to etcd and etcd's user/password auth (env MCP_WORKER_ETCD_AUTH__USER, ...; README "Securing").
+    etcd_auth: EtcdAuth = field(default_factory=EtcdAuth)
+    #: TLS / mutual TLS: this service's gRPC server and its calls (env MCP_WORKER_TLS__CA_FILE, ...).
+    tls: TLSConfig = field(default_factory=TLSConfig)
     #: Where the control gRPC API listens (port 0: pick a free one and publish it).
     grpc_host: str = "127.0.0.1"
     grpc_port: int = 0
@@ -36,6 +42,9 @@ class WorkerConfig:
     advertise_host: str = ""
     #: Optional CURVE: this worker's secret key file (z85, as written by zmq.auth); empty = plain TCP.
     zmq_curve_secret_key_file: str = ""
+    #: With CURVE: a folder of the public keys (zmq.auth ``.key`` files) of the routers and SDK clients
+    #: allowed to connect; any other key fails the handshake. Empty = any client key (encryption only).
+    zmq_curve_clients_dir: str = ""
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 0
     #: Liveness: lease TTL and load-report interval (the interval is raised to >= 3x mean inference time).

@@ -44,7 +44,7 @@ from mcp_worker.nvml import GpuSampler
 from mcp_worker.registration import Registration
 from mcp_worker.repository import ModelRepository
 from mcp_worker.servicer_v2 import WorkerControlServicer
-from mcp_worker.zmq_server import Done, Partial, TensorServer, load_curve_secret
+from mcp_worker.zmq_server import Done, Partial, TensorServer
 from mcpapi.v2 import tensor_pb2, worker_pb2_grpc
 from mcpcore import wire
 from mcpcore.crypto import Keyring
@@ -56,6 +56,8 @@ from mcpcore.lifecycle import ReplicaLifecycle, ReplicaState
 from mcpcore.looplag import LoopLagMonitor
 from mcpcore.metrics import RequestMetrics, start_metrics_server
 from mcpcore.serving import GrpcService
+from mcpcore.signing import RecordSigner, payload
+from mcpcore.tls import load_curve_keypair
 from mcpcore.windows import WindowPublisher, Windows
 
 __all__ = ["Worker", "WorkerMetrics"]
@@ -116,7 +118,7 @@ class Worker:
         self.config = config
         self.metrics = WorkerMetrics(CollectorRegistry())
         self.keys = Keyspace(config.etcd_prefix)
-        self.store = EtcdStore(config.etcd_endpoints, timeout=config.etcd_timeout_s)
+        self.store = EtcdStore(config.etcd_endpoints, timeout=config.etcd_timeout_s, auth=config.etcd_auth)
         # Requests clients sent here directly: counted for the breakers, as routers count theirs.
         self.direct = Windows(window_s=config.direct_stats_window_s)
         self._direct_publisher = WindowPublisher(
@@ -155,9 +157,13 @@ class Worker:
         self._single_messages = self.metrics.zmq_messages.labels("single")  # bound once: per request
         self._coalesced_messages = self.metrics.zmq_messages.labels("coalesced")
         self._curve_public = b""
+        # with a TLS identity, the record's endpoint and CURVE key are signed (mcpcore.signing)
+        self._signer = None
+        if config.tls.cert_file:
+            self._signer = RecordSigner(config.tls.cert_file, config.tls.key_file)
         curve_secret = None
         if config.zmq_curve_secret_key_file:
-            self._curve_public, curve_secret = load_curve_secret(config.zmq_curve_secret_key_file)
+            self._curve_public, curve_secret = load_curve_keypair(config.zmq_curve_secret_key_file)
         self.tensors = TensorServer(
             config.zmq_bind,
             self._handle,
@@ -166,6 +172,7 @@ class Worker:
                 max_tensor_bytes=config.max_tensor_bytes, max_message_bytes=config.max_message_bytes
             ),
             curve_secret=curve_secret,
+            curve_clients=config.zmq_curve_clients_dir,
             on_error=self.metrics.count_loop_error,
             admission=Admission(
                 max_requests=config.max_in_flight_requests,
@@ -182,7 +189,9 @@ class Worker:
             heartbeat_s=config.zmq_heartbeat_s,
             heartbeat_timeout_s=config.zmq_heartbeat_timeout_s,
         )
-        self.grpc = GrpcService([SERVICE_NAME], options=[("grpc.max_receive_message_length", 16 << 20)])
+        self.grpc = GrpcService(
+            [SERVICE_NAME], options=[("grpc.max_receive_message_length", 16 << 20)], tls=config.tls
+        )
         self.breakers = BreakerWatch(
             self.store,
             self.keys,
@@ -381,7 +390,7 @@ class Worker:
 
     def _record(self) -> dict[str, Any]:
         cfg = self.config
-        return {
+        record = {
             **self.endpoints,
             "labels": cfg.label_map,
             "memory_capacity_bytes": cfg.memory_capacity_bytes,
@@ -396,6 +405,11 @@ class Worker:
             "capacity": cfg.capacity,
             "draining": self.draining,
         }
+        if self._signer is not None:
+            curve = self._curve_public.decode()
+            signed = payload(cfg.worker_id, self.incarnation, self.endpoints["zmq"], curve)
+            record.update(self._signer.fields(signed))
+        return record
 
     def _gpu_metrics(self) -> None:
         """The NVML sampler's latest readings per device, and device memory held by cuda replicas."""

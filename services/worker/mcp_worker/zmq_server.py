@@ -64,7 +64,7 @@ from mcpapi.v2 import tensor_pb2
 from mcpcore import logs, tracing, wire
 from mcpcore.errors import Internal, InvalidArgument, MCPError, ResourceExhausted, Unavailable, not_started
 
-__all__ = ["Done", "Handler", "Starter", "TensorServer", "load_curve_secret"]
+__all__ = ["Done", "Handler", "Starter", "TensorServer", "allow_curve_clients"]
 
 
 def _header_or_none(frame: Any, limits: wire.Limits) -> tensor_pb2.TensorHeader | None:
@@ -100,14 +100,18 @@ class _Started:
     withdraw: Callable[[], None] = lambda: None
 
 
-def load_curve_secret(path: str) -> tuple[bytes, bytes]:
-    """(public, secret) z85 keys from a file written by ``zmq.auth.create_certificates``."""
-    import zmq.auth  # noqa: PLC0415  (only workers configured for CURVE need it)
+def allow_curve_clients(ctx: zmq.Context[Any], folder: str) -> Any:
+    """A ZAP handler on ``ctx`` (its own thread, off the event loop) that lets a CURVE client complete the
+    handshake only if its public key is in ``folder`` (``*.key`` files as ``zmq.auth`` writes them: the
+    routers' and SDK clients' keys). Any other key fails the handshake: it can send nothing."""
+    from zmq.auth.thread import ThreadAuthenticator  # noqa: PLC0415  (only with an allow-list)
 
-    public, secret = zmq.auth.load_certificate(Path(path))
-    if secret is None:
-        raise ValueError(f"{path} holds no secret key")
-    return public, secret
+    if not Path(folder).is_dir():
+        raise ValueError(f"zmq_curve_clients_dir: no such folder {folder!r}")
+    auth = ThreadAuthenticator(ctx, log=logging.getLogger("mcp_worker.zap"))
+    auth.start()
+    auth.configure_curve(domain="*", location=folder)
+    return auth
 
 
 class TensorServer:
@@ -119,6 +123,7 @@ class TensorServer:
         start: Starter | None = None,
         limits: wire.Limits = wire.DEFAULT_LIMITS,
         curve_secret: bytes | None = None,
+        curve_clients: str = "",
         on_error: Callable[[str], None] | None = None,
         admission: Admission | None = None,
         holds: Callable[[str], bool] = lambda model: True,
@@ -133,6 +138,8 @@ class TensorServer:
         self._start = start
         self._limits = limits
         self._curve_secret = curve_secret
+        self._curve_clients = curve_clients  # a folder of allowed clients' public keys (ZAP); "" = any
+        self._authenticator: Any = None
         self._on_error = on_error or (lambda where: None)
         self.admission = admission or Admission(max_requests=1024, max_bytes=256 << 20)
         self._holds, self._on_not_held, self._on_message = holds, on_not_held, on_message
@@ -172,6 +179,8 @@ class TensorServer:
         if self._curve_secret is not None:
             sock.setsockopt(zmq.CURVE_SERVER, 1)
             sock.setsockopt(zmq.CURVE_SECRETKEY, self._curve_secret)
+            if self._curve_clients:
+                self._authenticator = allow_curve_clients(self._ctx, self._curve_clients)
         sock.bind(self._bind)
         self._sock = sock
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -224,6 +233,8 @@ class TensorServer:
         self._flush()  # replies already made still go
         if self._sock is not None:
             self._sock.close(linger=0)
+        if self._authenticator is not None:
+            self._authenticator.stop()
         self._ctx.term()
 
     def _look_again(self) -> None:

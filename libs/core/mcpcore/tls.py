@@ -1,0 +1,176 @@
+"""TLS and mutual TLS for every gRPC server and client of the mesh, who may call the control APIs, and
+the ZeroMQ CURVE key files.
+
+A ``TLSConfig`` is the ``tls`` section of each service's config (env ``MCP_<SERVICE>_TLS__CA_FILE`` ...) and
+what the SDK and mcpctl take. One service uses one identity for its server and for the calls it makes (the
+scheduler's calls to workers, health's EmergencyStop, the router's calls to the scheduler and workers).
+
+Modes, by which files are set:
+- none: plaintext (the default, for a laptop or a trusted network);
+- ``cert_file`` + ``key_file``: TLS; servers prove who they are, clients are not asked for a certificate;
+- with ``ca_file`` too: mutual TLS. Servers refuse a client without a certificate issued by that CA (the
+  handshake fails: the client sees UNAVAILABLE), clients verify the server against it, and the control
+  methods (``CONTROL_METHODS``) further require the client certificate's name (common name or a DNS SAN)
+  to be on ``control_clients``; other callers get PERMISSION_DENIED naming the certificate and the list.
+
+Invariants:
+- The allow-list is checked on the server, per call, from the TLS session (``auth_context``), never from
+  metadata a client could write. It is decided once per method at registration (``Access.check_for``).
+- A config that names a missing file or half a key pair fails at start with a message naming the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from mcpcore.errors import Check, PermissionDenied
+
+__all__ = [
+    "CONTROL_METHODS",
+    "DEFAULT_CONTROL_CLIENTS",
+    "Access",
+    "TLSConfig",
+    "aio_channel",
+    "channel",
+    "load_curve_keypair",
+]
+
+#: Certificate names ``make certs`` gives the services and the operator; allowed to call control APIs.
+DEFAULT_CONTROL_CLIENTS = ("mcp-scheduler", "mcp-health", "mcp-router", "admin")
+
+#: Methods that change the mesh (or stop a worker): mTLS clients need a name on the allow-list.
+CONTROL_METHODS = frozenset(
+    {
+        *(
+            f"/mcpapi.v2.ModelControl/{m}"
+            for m in (
+                "LoadModel", "UnloadModel", "SetTraffic", "PauseModel", "ResumeModel", "SetBreaker", "Drain",
+                "Undrain",
+            )
+        ),
+        "/mcpapi.v1.ModelControl/LoadModel",
+        "/mcpapi.v1.ModelControl/UnloadModel",
+        *(f"/mcpapi.v2.WorkerControl/{m}" for m in ("Load", "Unload", "Pause", "Resume", "EmergencyStop")),
+        *(
+            f"/inference.GRPCInferenceService/{m}"
+            for m in ("RepositoryModelLoad", "RepositoryModelUnload", "LogSettings", "TraceSetting")
+        ),
+    }
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    #: The CA that issued the peers' certificates; set: mutual TLS (servers require client certificates).
+    ca_file: str = ""
+    #: This process's certificate (PEM, leaf first) and its private key.
+    cert_file: str = ""
+    key_file: str = ""
+    #: Certificate names (CN or DNS SAN) allowed to call control methods under mutual TLS.
+    control_clients: tuple[str, ...] = DEFAULT_CONTROL_CLIENTS
+    #: The name to verify in servers' certificates instead of the address's host (e.g. a Service's DNS name).
+    server_name: str = ""
+
+    def __post_init__(self) -> None:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("tls: cert_file and key_file go together (both or neither)")
+        for name in ("ca_file", "cert_file", "key_file"):
+            path = getattr(self, name)
+            if path and not Path(path).is_file():
+                raise ValueError(f"tls.{name}: no such file {path!r} (make certs writes a test set)")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert_file or self.ca_file)
+
+    @property
+    def mutual(self) -> bool:
+        return bool(self.ca_file and self.cert_file)
+
+    def _read(self, name: str) -> bytes | None:
+        path = getattr(self, name)
+        return Path(path).read_bytes() if path else None
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        if not self.cert_file:
+            raise ValueError("tls: a server needs cert_file and key_file")
+        pair = [(self._read("key_file"), self._read("cert_file"))]
+        ca = self._read("ca_file")
+        return grpc.ssl_server_credentials(pair, root_certificates=ca, require_client_auth=ca is not None)
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            root_certificates=self._read("ca_file"),
+            private_key=self._read("key_file"),
+            certificate_chain=self._read("cert_file"),
+        )
+
+    def channel_options(self) -> list[tuple[str, Any]]:
+        return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
+
+
+def aio_channel(
+    address: str, tls: TLSConfig | None, options: Sequence[tuple[str, Any]] = ()
+) -> grpc.aio.Channel:
+    """A grpc.aio channel to ``address``: TLS with this process's identity when ``tls`` is enabled."""
+    if tls is None or not tls.enabled:
+        return grpc.aio.insecure_channel(address, options=list(options))
+    opts = [*options, *tls.channel_options()]
+    return grpc.aio.secure_channel(address, tls.channel_credentials(), options=opts)
+
+
+def channel(address: str, tls: TLSConfig | None, options: Sequence[tuple[str, Any]] = ()) -> grpc.Channel:
+    """The blocking twin of ``aio_channel`` (mcpctl)."""
+    if tls is None or not tls.enabled:
+        return grpc.insecure_channel(address, options=list(options))
+    opts = [*options, *tls.channel_options()]
+    return grpc.secure_channel(address, tls.channel_credentials(), options=opts)
+
+
+class Access:
+    """Per-method authorization on a server: control methods under mutual TLS need an allowed name."""
+
+    def __init__(self, tls: TLSConfig | None) -> None:
+        self._allowed = frozenset(tls.control_clients) if tls is not None and tls.mutual else None
+
+    def check_for(self, method: str) -> Check | None:
+        """The check to run before ``method``'s behaviour (None: nothing to check)."""
+        if self._allowed is None or method not in CONTROL_METHODS:
+            return None
+        allowed = self._allowed
+
+        def check(context: Any) -> None:
+            names = peer_names(context.auth_context())
+            if not names & allowed:
+                shown = ", ".join(sorted(names)) or "none"
+                raise PermissionDenied(
+                    f"{method} needs a client certificate named one of {sorted(allowed)} "
+                    f"(tls.control_clients); this one is named {shown}"
+                )
+
+        return check
+
+
+def peer_names(auth: dict[str, Sequence[bytes]]) -> set[str]:
+    """The names a verified client certificate carries: its common name and its SANs."""
+    raw = [*auth.get("x509_common_name", ()), *auth.get("x509_subject_alternative_name", ())]
+    return {v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in raw}
+
+
+def load_curve_keypair(path: str) -> tuple[bytes, bytes]:
+    """(public, secret) z85 CURVE keys from a ``*.key_secret`` file written by ``zmq.auth`` (make certs)."""
+    import zmq.auth  # noqa: PLC0415  (only processes configured for CURVE need it)
+
+    try:
+        public, secret = zmq.auth.load_certificate(Path(path))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"CURVE key file {path!r}: {exc}") from None
+    if secret is None:
+        raise ValueError(f"CURVE key file {path!r} holds no secret key (use the .key_secret file)")
+    return public, secret

@@ -1,0 +1,333 @@
+"""A mesh that lets no one in unasked: mutual TLS on every gRPC port, control APIs behind an allow-list,
+CURVE with a ZAP allow-list on the tensor path, and worker records signed so that a forged etcd record
+cannot redirect tensors (README "Securing a cluster").
+
+One secured mesh for the module, from ``make certs``' generator: a worker (CURVE, its key allow-listing
+the router's and the SDK's public keys), a scheduler and a router, each with its own certificate; the
+scheduler's calls to the worker and the router's calls to both go over mutual TLS with those identities.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import zmq
+from harness import (
+    ROOT,
+    RouterProcess,
+    SchedulerProcess,
+    WorkerProcess,
+    etcd_get,
+    etcd_put,
+    metric,
+    mlp_reference,
+    wait_for,
+)
+
+from mcpapi.kserve import grpc_service_pb2 as kserve_pb
+from mcpapi.kserve import grpc_service_pb2_grpc as kserve_grpc
+from mcpapi.v2 import (
+    control_pb2,
+    control_pb2_grpc,
+    inference_pb2,
+    inference_pb2_grpc,
+    model_pb2,
+    tensor_pb2,
+    worker_pb2,
+    worker_pb2_grpc,
+)
+from mcpclient import MeshClient, PermissionDenied, TLSConfig, Unavailable
+from mcpcore import dtypes, wire
+from mcpcore.keys import Keyspace
+from mcpcore.signing import RecordSigner, payload
+
+WORKER = f"w-sec-{uuid.uuid4().hex[:4]}"
+X = np.random.default_rng(11).random((1, 64), dtype=np.float32)
+
+
+def _make_certs(out: Path, workers: list[str]) -> Path:
+    spec = importlib.util.spec_from_file_location("make_certs", ROOT / "tools" / "make_certs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.make_certs(out, workers=workers)
+
+
+def tls_env(service: str, certs: Path, name: str) -> dict[str, str]:
+    p = f"MCP_{service}_TLS__"
+    return {f"{p}CA_FILE": str(certs / "ca.pem"), f"{p}CERT_FILE": str(certs / f"{name}.pem"),
+            f"{p}KEY_FILE": str(certs / f"{name}.key")}  # fmt: skip
+
+
+def client_tls(certs: Path, name: str | None) -> TLSConfig:
+    if name is None:
+        return TLSConfig(ca_file=str(certs / "ca.pem"))
+    return TLSConfig(str(certs / "ca.pem"), str(certs / f"{name}.pem"), str(certs / f"{name}.key"))
+
+
+def secure(address: str, certs: Path, name: str | None) -> grpc.Channel:
+    return grpc.secure_channel(address, client_tls(certs, name).channel_credentials())
+
+
+class Secured:
+    def __init__(self, tmp: Path, etcd: str, repo: Path) -> None:
+        self.certs = _make_certs(tmp / "certs", [WORKER, "w-other"])
+        self.rogue = _make_certs(tmp / "rogue", [WORKER])  # another CA, same names
+        self.prefix = f"/sec{uuid.uuid4().hex[:6]}/mcp"
+        self.etcd = etcd
+        curve = self.certs / "curve"
+        self.worker = WorkerProcess(
+            tmp, etcd, repo, prefix=self.prefix, worker_id=WORKER,
+            zmq_curve_secret_key_file=curve / f"{WORKER}.key_secret", zmq_curve_clients_dir=curve / "clients",
+        )  # fmt: skip
+        self.worker.env.update(tls_env("WORKER", self.certs, WORKER))
+        self.scheduler = SchedulerProcess(tmp, etcd, prefix=self.prefix)
+        self.scheduler.env.update(tls_env("SCHEDULER", self.certs, "mcp-scheduler"))
+        self.procs = [self.worker.start(), self.scheduler.start()]
+        self.router = RouterProcess(
+            tmp, etcd, prefix=self.prefix, scheduler=self.scheduler.endpoints["grpc"],
+            zmq_curve_secret_key_file=curve / "mcp-router.key_secret",
+        )  # fmt: skip
+        self.router.env.update(tls_env("ROUTER", self.certs, "mcp-router"))
+        self.procs.append(self.router.start())
+
+    def channel(self, service: str, name: str | None) -> grpc.Channel:
+        proc = {"router": self.router, "scheduler": self.scheduler, "worker": self.worker}[service]
+        return secure(proc.endpoints["grpc"], self.certs, name)
+
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory, etcd_endpoint, repo):
+    m = Secured(tmp_path_factory.mktemp("secured"), etcd_endpoint, repo)
+    try:
+        control = control_pb2_grpc.ModelControlStub(m.channel("scheduler", "admin"))
+        spec = model_pb2.ModelSpec(model="demo-mlp", versions=["1"], replicas=1)
+        control.LoadModel(control_pb2.LoadModelRequest(spec=spec), timeout=60)
+        wait_for(lambda: _infer(m.channel("router", "client")) is not None, 30, 0.1, "demo-mlp routed")
+        yield m
+    finally:
+        m.close()
+
+
+def _infer(channel: grpc.Channel) -> np.ndarray | None:
+    t = inference_pb2.Tensor(name="INPUT0", dtype=dtypes.wire_value("FP32"), shape=[1, 64], data=X.tobytes())
+    try:
+        reply = inference_pb2_grpc.InferenceStub(channel).Infer(
+            inference_pb2.InferRequest(model="demo-mlp", version="1", inputs=[t]), timeout=10
+        )
+    except grpc.RpcError as err:
+        if err.code() == grpc.StatusCode.UNAVAILABLE and "no RUNNING" in (err.details() or ""):
+            return None
+        raise
+    out = reply.outputs[0]
+    return np.frombuffer(out.data, np.float32).reshape(tuple(out.shape))
+
+
+def _code(call) -> tuple[grpc.StatusCode, str]:  # type: ignore[no-untyped-def]
+    try:
+        call()
+    except grpc.RpcError as err:
+        return err.code(), err.details() or ""
+    return grpc.StatusCode.OK, ""
+
+
+def test_an_application_certificate_infers_through_the_curve_path(mesh, repo):
+    """Client cert -> router (mTLS) -> worker (CURVE, the router's key on the worker's allow-list)."""
+    got = _infer(mesh.channel("router", "client"))
+    np.testing.assert_allclose(got, mlp_reference(repo, "demo-mlp", "1", X), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("service", ["router", "scheduler", "worker"])
+def test_a_client_without_a_valid_certificate_is_refused(mesh, service):
+    proc = {"router": mesh.router, "scheduler": mesh.scheduler, "worker": mesh.worker}[service]
+    address = proc.endpoints["grpc"]
+    health = "grpc.health.v1.Health/Check"
+    for channel in (
+        grpc.insecure_channel(address),  # plaintext: the TLS port does not speak it
+        secure(address, mesh.certs, None),  # TLS without a client certificate
+        grpc.secure_channel(address, client_tls(mesh.rogue, "admin").channel_credentials()),  # other CA
+    ):
+        check = channel.unary_unary(f"/{health}", request_serializer=bytes, response_deserializer=bytes)
+        code, _ = _code(lambda c=check: c(b"", timeout=5))
+        assert code == grpc.StatusCode.UNAVAILABLE, (service, code)
+        channel.close()
+    ok = mesh.channel(service, "client").unary_unary(f"/{health}", request_serializer=bytes)
+    assert _code(lambda: ok(b"", timeout=5))[0] == grpc.StatusCode.OK
+
+
+def test_control_apis_need_a_certificate_on_the_allow_list(mesh):
+    spec = model_pb2.ModelSpec(model="demo-onnx", versions=["1"], replicas=1)
+    load = control_pb2.LoadModelRequest(spec=spec)
+    app = mesh.channel("scheduler", "client")
+    code, message = _code(lambda: control_pb2_grpc.ModelControlStub(app).LoadModel(load, timeout=10))
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    assert "tls.control_clients" in message and "client" in message.partition("this one is named")[2]
+    # reads stay open to any valid certificate
+    control_pb2_grpc.ModelControlStub(app).ListModels(control_pb2.ListModelsRequest(), timeout=10)
+    # the worker's control API: an application cannot stop it (the scheduler's certificate may)
+    stop = worker_pb2.EmergencyStopRequest(reason="test")
+    worker_app = worker_pb2_grpc.WorkerControlStub(mesh.channel("worker", "client"))
+    assert _code(lambda: worker_app.EmergencyStop(stop, timeout=10))[0] == grpc.StatusCode.PERMISSION_DENIED
+    worker_app.Stats(worker_pb2.StatsRequest(), timeout=10)
+    # Triton's repository API on the router, the same rule; the router's own identity may forward it
+    kserve = kserve_grpc.GRPCInferenceServiceStub(mesh.channel("router", "client"))
+    unload = kserve_pb.RepositoryModelUnloadRequest(model_name="demo-mlp")
+    assert (
+        _code(lambda: kserve.RepositoryModelUnload(unload, timeout=10))[0]
+        == grpc.StatusCode.PERMISSION_DENIED
+    )
+    admin = kserve_grpc.GRPCInferenceServiceStub(mesh.channel("router", "admin"))
+    code, message = _code(
+        lambda: admin.RepositoryModelLoad(
+            kserve_pb.RepositoryModelLoadRequest(model_name="no-such"), timeout=10
+        )
+    )
+    assert code == grpc.StatusCode.NOT_FOUND, (code, message)  # through to the scheduler, which answered
+    assert _infer(mesh.channel("router", "client")) is not None  # nothing was unloaded
+
+
+def _dealer(endpoint: str, server_key: bytes, keypair: tuple[bytes, bytes]) -> tuple[zmq.Socket, zmq.Socket]:
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.curve_serverkey = server_key
+    sock.curve_publickey, sock.curve_secretkey = keypair
+    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+    sock.connect(endpoint)
+    return sock, monitor
+
+
+def _handshake(monitor: zmq.Socket) -> int:
+    assert monitor.poll(10_000), "no handshake event in 10 s"
+    event = zmq.utils.monitor.recv_monitor_message(monitor)
+    return event["event"]
+
+
+def test_zap_lets_only_allow_listed_curve_keys_send_tensors(mesh, repo):
+    record = etcd_get(mesh.etcd, Keyspace(mesh.prefix).worker(WORKER))
+    server_key = record["curve_public_key"].encode()
+    header = tensor_pb2.TensorHeader(kind=tensor_pb2.KIND_REQUEST, request_id="zap-1", model="demo-mlp",
+                                     version="1", timeout_us=5_000_000)  # fmt: skip
+    frames = wire.encode(header, {"INPUT0": X})
+    stranger, watch = _dealer(record["zmq"], server_key, zmq.curve_keypair())
+    assert _handshake(watch) == zmq.EVENT_HANDSHAKE_FAILED_AUTH  # the worker's ZAP handler said no
+    with contextlib.suppress(zmq.Again):  # queued at most: a refused link delivers nothing
+        stranger.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
+    allowed, watch2 = _dealer(record["zmq"], server_key, zmq.auth.load_certificate(
+        mesh.certs / "curve" / "client.key_secret"))  # fmt: skip
+    assert _handshake(watch2) == zmq.EVENT_HANDSHAKE_SUCCEEDED
+    allowed.send_multipart(frames, copy=False)
+    assert allowed.poll(10_000)
+    reply = wire.decode(allowed.recv_multipart())
+    wire.raise_for_status(reply.header)
+    np.testing.assert_allclose(reply.tensors[0], mlp_reference(repo, "demo-mlp", "1", X), rtol=1e-5)
+    assert stranger.poll(0) == 0  # the stranger got nothing
+    for s in (stranger, watch, allowed, watch2):
+        s.close(linger=0)
+
+
+def _rejected(mesh: Secured) -> float:
+    return metric(mesh.router.metrics_text(), "mcp_config_rejected_total", key="worker_signature")
+
+
+def test_a_forged_worker_record_cannot_redirect_tensors(mesh, repo):
+    """Whoever can write etcd rewrites the worker's endpoint and CURVE key to an impostor's: unsigned,
+    signed with another worker's key, or keeping the old signature. The router refuses each, keeps the
+    last good record, and the impostor receives nothing."""
+    key = Keyspace(mesh.prefix).worker(WORKER)
+    real = etcd_get(mesh.etcd, key)
+    ctx = zmq.Context.instance()
+    impostor = ctx.socket(zmq.ROUTER)
+    public, secret = zmq.curve_keypair()
+    impostor.curve_server, impostor.curve_secretkey = True, secret
+    port = impostor.bind_to_random_port("tcp://127.0.0.1")
+    forged = {**real, "zmq": f"tcp://127.0.0.1:{port}", "curve_public_key": public.decode()}
+    other = RecordSigner(str(mesh.certs / "w-other.pem"), str(mesh.certs / "w-other.key"))
+    signed = payload(WORKER, forged["incarnation"], forged["zmq"], forged["curve_public_key"])
+    attempts = [
+        {k: v for k, v in forged.items() if not k.startswith("record_")},  # unsigned
+        forged,  # the real signature over other values
+        {**forged, **other.fields(signed)},  # a valid signature, by a certificate for another worker
+    ]
+    try:
+        for attempt in attempts:
+            before = _rejected(mesh)
+            etcd_put(mesh.etcd, key, attempt)
+            wait_for(lambda b=before: _rejected(mesh) > b, 10, 0.05, "the router to reject the record")
+            for _ in range(5):
+                got = _infer(mesh.channel("router", "client"))
+                np.testing.assert_allclose(got, mlp_reference(repo, "demo-mlp", "1", X), rtol=1e-5)
+        assert impostor.poll(0) == 0
+    finally:
+        etcd_put(mesh.etcd, key, real)  # the worker re-publishes only on changes
+        impostor.close(linger=0)
+
+
+def test_the_sdk_verifies_the_worker_record_and_goes_direct_over_curve(mesh, repo, tmp_path):
+    certs = mesh.certs
+    with MeshClient(mesh.router.endpoints["grpc"], tls=client_tls(certs, "client"),
+                    curve_secret_key_file=str(certs / "curve" / "client.key_secret")) as client:  # fmt: skip
+        got = client.infer("demo-mlp", {"INPUT0": X}, version="1", direct=True)
+        np.testing.assert_allclose(got["OUTPUT0"], mlp_reference(repo, "demo-mlp", "1", X), rtol=1e-5)
+        assert client.stats.direct == 1 and client.stats.fallbacks == 0
+    # A router without the CA (TLS only: it verifies nothing) hands out a forged record: the SDK, which
+    # has the CA, refuses to send there.
+    lax = RouterProcess(tmp_path, mesh.etcd, prefix=mesh.prefix, scheduler="")
+    lax.env.update({"MCP_ROUTER_TLS__CERT_FILE": str(certs / "mcp-router.pem"),
+                    "MCP_ROUTER_TLS__KEY_FILE": str(certs / "mcp-router.key")})  # fmt: skip
+    key = Keyspace(mesh.prefix).worker(WORKER)
+    real = etcd_get(mesh.etcd, key)
+    impostor = zmq.Context.instance().socket(zmq.ROUTER)
+    public, secret = zmq.curve_keypair()
+    impostor.curve_server, impostor.curve_secretkey = True, secret  # answers handshakes: the link comes up
+    port = impostor.bind_to_random_port("tcp://127.0.0.1")
+    lax.start()
+    try:
+        etcd_put(
+            mesh.etcd, key, {**real, "zmq": f"tcp://127.0.0.1:{port}", "curve_public_key": public.decode()}
+        )
+        with MeshClient(lax.endpoints["grpc"], tls=client_tls(certs, "client"), route_ttl_s=0) as client:
+            wait_for(lambda: _routed_to(client, port), 10, 0.05, "the lax router to route to the impostor")
+            with pytest.raises(PermissionDenied, match="signature does not match"):
+                client.infer("demo-mlp", {"INPUT0": X}, version="1", direct=True)
+        assert impostor.poll(0) == 0
+    finally:
+        etcd_put(mesh.etcd, key, real)
+        lax.stop()
+        impostor.close(linger=0)
+
+
+def _routed_to(client: MeshClient, port: int) -> bool:
+    try:
+        return client.route("demo-mlp").endpoint.endswith(f":{port}")
+    except Unavailable:  # its link to the endpoint not up yet
+        return False
+
+
+def test_mcpctl_with_the_admin_certificate(mesh):
+    certs = mesh.certs
+    args = [sys.executable, "-m", "mcpclient.mcpctl", "--scheduler", mesh.scheduler.endpoints["grpc"],
+            "--tls-ca", str(certs / "ca.pem"), "--tls-cert", str(certs / "admin.pem"),
+            "--tls-key", str(certs / "admin.key"), "-o", "json", "list"]  # fmt: skip
+    done = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "demo-mlp" in json.dumps(json.loads(done.stdout))
+    plain = [a for a in args if not a.startswith("--tls") and not a.startswith(str(certs))]
+    done = subprocess.run(plain, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 3, done.stderr  # unreachable without TLS, one line, no traceback
+    assert "Traceback" not in done.stderr
+    missing = [*args[:5], "--tls-ca", str(certs / "nope.pem"), "list"]
+    done = subprocess.run(missing, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and "no such file" in done.stderr

@@ -1,0 +1,158 @@
+"""``make certs``: a test certificate authority and every identity a secured mesh needs, in one folder.
+
+Writes (``--out``, default ``certs/``; private keys mode 0600)::
+
+    ca.pem  ca.key                 the CA (EC P-256), valid --days
+    <name>.pem  <name>.key         one leaf per name: mcp-router, mcp-scheduler, mcp-health, admin (mcpctl),
+                                   client (an application: inference only), and each --workers id
+    curve/<name>.key[_secret]      ZeroMQ CURVE key pairs (zmq.auth format): mcp-router, client, workers
+    curve/clients/<name>.key       the public keys workers accept (zmq_curve_clients_dir): mcp-router, client
+
+Each leaf's common name is its name, with DNS SANs for the name and ``localhost`` and IP SANs for 127.0.0.1
+and each --hosts entry, usable for both server and client authentication. A worker's certificate names
+its worker id: routers and SDK clients check that a worker record's signature comes from a certificate for
+that id (``mcpcore.signing``). For production, issue the same names from your own CA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import ipaddress
+import os
+import shutil
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+import zmq.auth
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+SERVICES = ("mcp-router", "mcp-scheduler", "mcp-health", "admin", "client")
+CURVE_CLIENTS = ("mcp-router", "client")
+
+
+_CA_USAGE = x509.KeyUsage(
+    digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+    key_encipherment=False, data_encipherment=False, key_agreement=False, encipher_only=False,
+    decipher_only=False,
+)  # fmt: skip
+
+
+_CA_USAGE = x509.KeyUsage(
+    digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+    key_encipherment=False, data_encipherment=False, key_agreement=False, encipher_only=False,
+    decipher_only=False,
+)  # fmt: skip
+
+
+def _key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    path.write_bytes(pem)
+    os.chmod(path, 0o600)
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _ca(out: Path, days: int) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    key = _key()
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name("mcpmesh test CA"))
+        .issuer_name(_name("mcpmesh test CA"))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_CA_USAGE, critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    (out / "ca.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(out / "ca.key", key)
+    return cert, key
+
+
+def _leaf(
+    out: Path,
+    name: str,
+    ca: tuple[x509.Certificate, ec.EllipticCurvePrivateKey],
+    hosts: Iterable[str],
+    days: int,
+) -> None:
+    ca_cert, ca_key = ca
+    key = _key()
+    dns = [x509.DNSName(name), x509.DNSName("localhost")]
+    ips = [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    for host in hosts:
+        try:
+            ips.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            dns.append(x509.DNSName(host))
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(name))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName([*dns, *ips]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    (out / f"{name}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(out / f"{name}.key", key)
+
+
+def make_certs(out: Path, *, workers: Iterable[str] = (), hosts: Iterable[str] = (), days: int = 365) -> Path:
+    """Write the CA, the services' and workers' certificates and the CURVE keys under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    workers, hosts = list(workers), list(hosts)
+    ca = _ca(out, days)
+    for name in (*SERVICES, *workers):
+        _leaf(out, name, ca, hosts, days)
+    curve = out / "curve"
+    curve.mkdir(exist_ok=True)
+    clients = curve / "clients"
+    clients.mkdir(exist_ok=True)
+    for name in (*CURVE_CLIENTS, *workers):
+        zmq.auth.create_certificates(curve, name)
+        os.chmod(curve / f"{name}.key_secret", 0o600)
+        if name in CURVE_CLIENTS:
+            shutil.copyfile(curve / f"{name}.key", clients / f"{name}.key")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("certs"))
+    parser.add_argument("--workers", default="w-1,w-2", help="worker ids, comma separated")
+    parser.add_argument("--hosts", default="", help="more host names or IPs for every certificate")
+    parser.add_argument("--days", type=int, default=365)
+    args = parser.parse_args(argv)
+    split = lambda text: [s for s in text.split(",") if s]  # noqa: E731
+    out = make_certs(args.out, workers=split(args.workers), hosts=split(args.hosts), days=args.days)
+    print(f"certificates and CURVE keys in {out}/ (CA: {out}/ca.pem; keep {out}/ca.key private)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
