@@ -444,8 +444,9 @@ def test_format_1_over_the_limit_is_data_loss(tmp_path: Path) -> None:
 # --- memory -------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("via", ["file", "bytes"])
 @pytest.mark.parametrize("fmt", [1, 2])
-def test_decryption_holds_one_plaintext_sized_buffer(tmp_path: Path, fmt: int) -> None:
+def test_decryption_holds_one_plaintext_sized_buffer(tmp_path: Path, fmt: int, via: str) -> None:
     size = 16 << 20
     path = tmp_path / "w.enc"
     if fmt == 1:
@@ -456,8 +457,12 @@ def test_decryption_holds_one_plaintext_sized_buffer(tmp_path: Path, fmt: int) -
             for _ in range(size // CHUNK_BYTES):
                 f.write(bytes(CHUNK_BYTES))
         encrypt_file(src, path, key=KEY, key_id="k1", model=M, version=V)
+    blob = path.read_bytes() if via == "bytes" else b""
     out: list[bytearray] = []
-    peak = _peak(lambda: out.append(decrypt_file(path, keyring=RING, model=M, version=V)))
+    if via == "bytes":
+        peak = _peak(lambda: out.append(_dec(blob)))
+    else:
+        peak = _peak(lambda: out.append(decrypt_file(path, keyring=RING, model=M, version=V)))
     assert out[0] == bytes(size)
     # The result itself, plus a chunk or two of scratch: a second whole copy would make it 2x.
     assert size <= peak < size + 4 * CHUNK_BYTES, peak

@@ -308,17 +308,7 @@ def read_header(blob: bytes | memoryview, *, source: str = "encrypted file") -> 
     if NAME_RE.fullmatch(key_id) is None:
         raise DataLoss(f"{source}: corrupt header: the key id is not a valid name")
     fields = bytes(view[kcv_at + KCV_BYTES : end])
-    chunk_size = plaintext_size = None
-    if fmt == 1:
-        nonce = fields
-    else:
-        nonce, chunk_size, plaintext_size = _V2_FIELDS.unpack(fields)
-        if not MIN_CHUNK_BYTES <= chunk_size <= MAX_CHUNK_BYTES:
-            raise DataLoss(
-                f"{source}: corrupt header: chunk size {chunk_size} is out of range "
-                f"{MIN_CHUNK_BYTES}..{MAX_CHUNK_BYTES}"
-            )
-        _check_limit(plaintext_size, f"{source}: the header claims", DataLoss)
+    nonce, chunk_size, plaintext_size = (fields, None, None) if fmt == 1 else _v2_fields(fields, source)
     return EncHeader(
         format_version=fmt,
         key_id=key_id,
@@ -328,6 +318,17 @@ def read_header(blob: bytes | memoryview, *, source: str = "encrypted file") -> 
         plaintext_size=plaintext_size,
         raw=bytes(view[:end]),
     )
+
+
+def _v2_fields(fields: bytes, source: str) -> tuple[bytes, int, int]:
+    nonce_prefix, chunk_size, plaintext_size = _V2_FIELDS.unpack(fields)
+    if not MIN_CHUNK_BYTES <= chunk_size <= MAX_CHUNK_BYTES:
+        raise DataLoss(
+            f"{source}: corrupt header: chunk size {chunk_size} is out of range "
+            f"{MIN_CHUNK_BYTES}..{MAX_CHUNK_BYTES}"
+        )
+    _check_limit(plaintext_size, f"{source}: the header claims", DataLoss)
+    return nonce_prefix, chunk_size, plaintext_size
 
 
 def _check_limit(size: int, what: str, error: type[DataLoss] | type[InvalidArgument]) -> None:
@@ -359,6 +360,11 @@ def _aad(header: bytes, model: str, version: str) -> bytes:
     return header + model.encode("ascii") + b"\0" + version.encode("ascii")
 
 
+def _reader(blob: bytes | memoryview) -> BinaryIO:
+    # BytesIO shares a bytes object's buffer (no copy until written); other buffers are copied once.
+    return io.BytesIO(blob if isinstance(blob, bytes) else bytes(blob))
+
+
 def _fill(f: BinaryIO, view: memoryview) -> int:
     """Read into all of ``view`` unless the file ends first; the number of bytes read."""
     got = 0
@@ -380,7 +386,11 @@ class EncryptedFile:
 
     def __init__(self, f: BinaryIO, size: int, source: str) -> None:
         self._f, self.size, self.source = f, size, source
-        self.header = read_header(f.read(min(size, _MAX_HEADER_BYTES)), source=source)
+        try:
+            head = f.read(min(size, _MAX_HEADER_BYTES))
+        except OSError as err:
+            raise DataLoss(f"{source}: read failed: {err.strerror or err}") from None
+        self.header = read_header(head, source=source)
         self.plaintext_size = self._plaintext_size()
 
     def __repr__(self) -> str:
@@ -500,8 +510,7 @@ def decrypt_model_bytes(
     """Check and decrypt an encrypted model file's bytes, in memory, for ``model``/``version``."""
     check_name(model, "model name")
     check_version(version)
-    view = memoryview(blob)
-    enc = EncryptedFile(io.BytesIO(view), view.nbytes, source or f"model {model}/{version}")
+    enc = EncryptedFile(_reader(blob), memoryview(blob).nbytes, source or f"model {model}/{version}")
     return enc.decrypt(keyring, model=model, version=version)
 
 
@@ -558,7 +567,7 @@ def encrypt_model_bytes(
     _check_encrypt_args(key, key_id, model, version, chunk_size)
     view = memoryview(plaintext)
     _check_limit(view.nbytes, "cannot encrypt", InvalidArgument)
-    src = io.BytesIO(view)
+    src = _reader(plaintext)
     args = {"key": key, "key_id": key_id, "model": model, "version": version, "chunk_size": chunk_size}
     return b"".join(_sealed(src, view.nbytes, "the plaintext", **args))
 
