@@ -249,6 +249,8 @@ def _guard_unary(behavior: Any, method: str, check: Check | None) -> Any:
         try:
             if type(request) is _Undecodable:
                 raise request.error
+            if type(request) is _Undecodable:
+                raise request.error
             if check is not None:
                 check(context)
             if awaited:
@@ -273,6 +275,8 @@ def _guard_unary(behavior: Any, method: str, check: Check | None) -> Any:
 def _guard_stream(behavior: Any, method: str, check: Check | None) -> Any:
     async def agen(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
+            if type(request) is _Undecodable:
+                raise request.error
             if type(request) is _Undecodable:
                 raise request.error
             if check is not None:
@@ -312,6 +316,11 @@ def _guard(
         handler = handler._replace(stream_unary=_checking(handler.stream_unary))
     if handler.stream_stream is not None:
         handler = handler._replace(stream_stream=_checking(handler.stream_stream))
+    deserialize = _tolerant(deserialize, method)
+    if handler.stream_unary is not None:
+        handler = handler._replace(stream_unary=_checking(handler.stream_unary))
+    if handler.stream_stream is not None:
+        handler = handler._replace(stream_stream=_checking(handler.stream_stream))
     options = {"request_deserializer": deserialize, "response_serializer": serialize}
     if handler.unary_unary is not None:
         behavior = _guard_unary(handler.unary_unary, method, check)
@@ -324,6 +333,54 @@ def _guard(
         return grpc.unary_stream_rpc_method_handler(behavior, **options)
     behavior = _guard_stream(handler.stream_stream, method, check)
     return grpc.stream_stream_rpc_method_handler(behavior, **options)
+
+
+class _Undecodable:
+    """A request whose bytes did not parse, handed to the guarded behaviour so that it is answered
+    INVALID_ARGUMENT: grpc answers a deserializer's exception UNKNOWN, with the exception's class."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: InvalidArgument) -> None:
+        self.error = error
+
+
+def _tolerant(deserialize: Callable[[bytes], Any] | None, method: str) -> Callable[[bytes], Any] | None:
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as exc:  # protobuf's DecodeError, or a method codec's own
+            return _Undecodable(InvalidArgument(f"{method}: the request does not parse ({exc})"))
+
+    return parse
+
+
+async def _checked(requests: Any) -> Any:
+    async for request in requests:
+        if type(request) is _Undecodable:
+            raise request.error
+        yield request
+
+
+def _checking(behavior: Any) -> Any:
+    """A stream-request behaviour whose requests stop with the INVALID_ARGUMENT of the first that did
+    not parse (else the guard sees protobuf's DecodeError: INTERNAL)."""
+    if inspect.isasyncgenfunction(behavior):
+
+        async def stream(requests: Any, context: Any) -> Any:
+            async for item in behavior(_checked(requests), context):
+                yield item
+
+        return stream
+
+    async def call(requests: Any, context: Any) -> Any:
+        result = behavior(_checked(requests), context)
+        return await result if inspect.isawaitable(result) else result
+
+    return call
 
 
 class _Undecodable:
