@@ -12,8 +12,11 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import ssl
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -196,6 +199,37 @@ def test_control_apis_need_a_certificate_on_the_allow_list(mesh):
     )
     assert code == grpc.StatusCode.NOT_FOUND, (code, message)  # through to the scheduler, which answered
     assert _infer(mesh.channel("router", "client")) is not None  # nothing was unloaded
+
+
+def _https(mesh: Secured, path: str, name: str | None, body: dict | None = None) -> tuple[int, dict]:
+    context = ssl.create_default_context(cafile=str(mesh.certs / "ca.pem"))
+    if name is not None:
+        context.load_cert_chain(mesh.certs / f"{name}.pem", mesh.certs / f"{name}.key")
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"https://{mesh.router.endpoints['rest']}{path}", data=data)
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+def test_rest_is_https_with_the_same_rules(mesh, repo):
+    infer = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 64], "data": X.ravel().tolist()}]}
+    status, reply = _https(mesh, "/v2/models/demo-mlp/versions/1/infer", "client", infer)
+    assert status == 200, reply
+    got = np.array(reply["outputs"][0]["data"], np.float32).reshape(1, -1)
+    np.testing.assert_allclose(got, mlp_reference(repo, "demo-mlp", "1", X), rtol=1e-5, atol=1e-5)
+    status, reply = _https(mesh, "/v2/repository/models/demo-mlp/unload", "client", {})
+    assert status == 403 and "tls.control_clients" in reply["error"], reply
+    status, reply = _https(mesh, "/v2/repository/models/no-such/load", "admin", {})
+    assert status == 404, reply  # allowed: through to the scheduler, which answered
+    refused = (urllib.error.URLError, ConnectionError, ssl.SSLError)
+    with pytest.raises(refused):  # no client certificate: the handshake fails (TLS 1.3: on first read)
+        _https(mesh, "/v2/health/ready", None)
+    plain = f"http://{mesh.router.endpoints['rest']}/v2/health/ready"
+    with pytest.raises(refused):
+        urllib.request.urlopen(plain, timeout=10)
 
 
 def _dealer(endpoint: str, server_key: bytes, keypair: tuple[bytes, bytes]) -> tuple[zmq.Socket, zmq.Socket]:

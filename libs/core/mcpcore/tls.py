@@ -21,6 +21,7 @@ Invariants:
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ __all__ = [
     "TLSConfig",
     "aio_channel",
     "channel",
+    "http_peer_names",
     "load_curve_keypair",
 ]
 
@@ -111,6 +113,17 @@ class TLSConfig:
             certificate_chain=self._read("cert_file"),
         )
 
+    def ssl_context(self) -> ssl.SSLContext:
+        """A server-side context for the REST port: the same certificate, and with a CA, client
+        certificates required (mutual TLS), as on the gRPC ports."""
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(self.cert_file, self.key_file)
+        if self.ca_file:
+            context.load_verify_locations(self.ca_file)
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
     def channel_options(self) -> list[tuple[str, Any]]:
         return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
 
@@ -143,24 +156,31 @@ class Access:
         """The check to run before ``method``'s behaviour (None: nothing to check)."""
         if self._allowed is None or method not in CONTROL_METHODS:
             return None
-        allowed = self._allowed
+        return lambda context: self.require(method, peer_names(context.auth_context()))
 
-        def check(context: Any) -> None:
-            names = peer_names(context.auth_context())
-            if not names & allowed:
-                shown = ", ".join(sorted(names)) or "none"
-                raise PermissionDenied(
-                    f"{method} needs a client certificate named one of {sorted(allowed)} "
-                    f"(tls.control_clients); this one is named {shown}"
-                )
-
-        return check
+    def require(self, what: str, names: set[str]) -> None:
+        """Raise PermissionDenied unless one of the caller's certificate ``names`` is allowed."""
+        if self._allowed is not None and not names & self._allowed:
+            shown = ", ".join(sorted(names)) or "none"
+            raise PermissionDenied(
+                f"{what} needs a client certificate named one of {sorted(self._allowed)} "
+                f"(tls.control_clients); this one is named {shown}"
+            )
 
 
 def peer_names(auth: dict[str, Sequence[bytes]]) -> set[str]:
-    """The names a verified client certificate carries: its common name and its SANs."""
+    """The names a verified client certificate carries: its common name and its SANs (gRPC)."""
     raw = [*auth.get("x509_common_name", ()), *auth.get("x509_subject_alternative_name", ())]
     return {v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in raw}
+
+
+def http_peer_names(peercert: dict[str, Any] | None) -> set[str]:
+    """The same names from ``ssl``'s view of a verified peer certificate (REST)."""
+    if not peercert:
+        return set()
+    names = {value for rdn in peercert.get("subject", ()) for key, value in rdn if key == "commonName"}
+    names.update(value for _, value in peercert.get("subjectAltName", ()))
+    return names
 
 
 def load_curve_keypair(path: str) -> tuple[bytes, bytes]:

@@ -16,9 +16,10 @@ Endpoints (Triton's paths; ``[/versions/{version}]`` is optional everywhere it a
 - ``GET``/``POST /v2/logging``: the router's log settings (``mcp_router.logsettings``).
 
 Invariants:
-- Errors are ``{"error": message}`` with the HTTP status ``mcpcore.errors.http_status`` gives the error's
-  gRPC code (Triton's table: 400 bad input, 404 not found, 503 unavailable, 500 internal, ...); a body that
-  is not JSON, or binary data that does not add up, is a 400 naming what is wrong.
+- Errors (aiohttp's own 404 and 405 too) are ``{"error": message}`` with the HTTP status
+  ``mcpcore.errors.http_status`` gives the error's gRPC code (Triton's table: 400 bad input, 404 not
+  found, 503 unavailable, 500 internal, ...); a body that is not JSON, or binary data that does not add
+  up, is a 400 naming what is wrong.
 - A request body over ``max_body_bytes`` is refused 413 before it is read whole.
 - Tensors are numeric: BYTES is refused as on gRPC; FP16 and BF16 travel as binary data only.
 - System shared memory (``/v2/systemsharedmemory/...``) shares its regions with the gRPC front door: a
@@ -27,6 +28,9 @@ Invariants:
   "binary_data_output"), read by the same ``infer_options`` as gRPC.
 - With tracing on (``mcpcore.tracing``), an inference's W3C ``traceparent``/``tracestate`` headers are
   the trace context its span is a child of; tracing off, they are not read.
+- With the router's ``tls`` set, the port speaks HTTPS only (with a CA: client certificates required), and
+  the endpoints that change the mesh or the router (repository load/unload, POST logging and trace
+  settings) need an allowed certificate name, as the gRPC control methods do (403 otherwise).
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from mcp_router.kserve import (
 from mcp_router.shm import SharedMemory
 from mcpcore import dtypes, tracing
 from mcpcore.errors import Internal, InvalidArgument, MCPError, http_status, log_unexpected
+from mcpcore.tls import Access, TLSConfig, http_peer_names
 
 __all__ = ["HEADER_LENGTH", "RestFrontEnd"]
 
@@ -108,6 +113,20 @@ def _error(err: MCPError) -> web.Response:
     return web.json_response({"error": err.message}, status=http_status(err.code))
 
 
+@web.middleware
+async def _json_refusals(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's own refusals (no such path 404, a wrong method 405) as ``{"error": ...}`` too: a client
+    reads every error of this port the same way (aiohttp answers them in plain text)."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        message = f"{exc.reason}: {request.method} {request.path[:200]}"
+        return web.json_response({"error": message}, status=exc.status, headers=allow)
+
+
 def _guarded(handler: Handler, max_body: int) -> Handler:
     """The REST twin of ``GuardedServer``: an MCPError is its status and message, anything else 500."""
 
@@ -137,8 +156,11 @@ class RestFrontEnd:
         shm: SharedMemory | None = None,
         tracer: trace.Tracer | None = None,
         drain_timeout_s: float = 30.0,
+        tls: TLSConfig | None = None,
     ) -> None:
         self._dataplane = dataplane
+        self._tls = tls if tls is not None and tls.enabled else None
+        self._access = Access(self._tls)  # under mutual TLS, control endpoints check the certificate
         self._shm = shm if shm is not None else SharedMemory()
         self._tracer = tracer if tracer is not None else trace.Tracer()
         self._tracing = tracing.enabled()  # OpenTelemetry, apart from TraceSetting's tracer
@@ -148,7 +170,7 @@ class RestFrontEnd:
         self._grace_s = drain_timeout_s
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self._max_body)
+        app = web.Application(client_max_size=self._max_body, middlewares=[_json_refusals])
         model = "/v2/models/{model}"
         versioned = (model, model + "/versions/{version}")
         routes = [
@@ -157,19 +179,19 @@ class RestFrontEnd:
             web.get("/v2", self._server_metadata),
             web.get("/v2/models/stats", self._stats),
             web.post("/v2/repository/index", self._index),
-            web.post("/v2/repository/models/{model}/load", self._load),
-            web.post("/v2/repository/models/{model}/unload", self._unload),
+            web.post("/v2/repository/models/{model}/load", self._control(self._load)),
+            web.post("/v2/repository/models/{model}/unload", self._control(self._unload)),
             web.get("/v2/systemsharedmemory/status", self._shm_status),
             web.get("/v2/systemsharedmemory/region/{region}/status", self._shm_status),
             web.post("/v2/systemsharedmemory/region/{region}/register", self._shm_register),
             web.post("/v2/systemsharedmemory/unregister", self._shm_unregister),
             web.post("/v2/systemsharedmemory/region/{region}/unregister", self._shm_unregister),
             web.get("/v2/trace/setting", self._trace),
-            web.post("/v2/trace/setting", self._trace),
+            web.post("/v2/trace/setting", self._control(self._trace)),
             web.get(model + "/trace/setting", self._trace),
-            web.post(model + "/trace/setting", self._trace),
+            web.post(model + "/trace/setting", self._control(self._trace)),
             web.get("/v2/logging", self._logging),
-            web.post("/v2/logging", self._logging),
+            web.post("/v2/logging", self._control(self._logging)),
             web.get("/v2/cudasharedmemory/status", self._no_cuda_shm),
             web.get("/v2/cudasharedmemory/region/{region}/status", self._no_cuda_shm),
             web.post("/v2/cudasharedmemory/region/{region}/register", self._no_cuda_shm),
@@ -187,6 +209,16 @@ class RestFrontEnd:
         app.add_routes([web.route(r.method, r.path, _guarded(r.handler, self._max_body)) for r in routes])  # type: ignore[attr-defined]
         return app
 
+    def _control(self, handler: Handler) -> Handler:
+        """``handler`` behind the control allow-list (mutual TLS), as the gRPC control methods are."""
+
+        async def run(request: web.Request) -> web.StreamResponse:
+            peer = request.transport.get_extra_info("peercert") if request.transport is not None else None
+            self._access.require(f"{request.method} {request.path}", http_peer_names(peer))
+            return await handler(request)
+
+        return run
+
     async def start(self, host: str, port: int, *, reuse_port: bool = False) -> int:
         """Bind (port 0 picks one) and serve; returns the bound port. ``reuse_port``: SO_REUSEPORT, so
         that other router processes serve the same port."""
@@ -194,7 +226,10 @@ class RestFrontEnd:
             self.app(), access_log=None, handle_signals=False, shutdown_timeout=self._grace_s
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, reuse_address=True, reuse_port=reuse_port or None)
+        context = self._tls.ssl_context() if self._tls is not None and self._tls.cert_file else None
+        site = web.TCPSite(
+            self._runner, host, port, reuse_address=True, reuse_port=reuse_port or None, ssl_context=context
+        )
         await site.start()
         server = site._server
         return int(server.sockets[0].getsockname()[1]) if server is not None else port

@@ -135,6 +135,7 @@ class RouterServer:
             shm=self.shm,
             tracer=self.tracer,
             drain_timeout_s=config.drain_timeout_s,
+            tls=config.tls,
         )
         self._metrics_server: Any = None
         self._lag = LoopLagMonitor(self.metrics.loop_lag.observe)
