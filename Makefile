@@ -95,9 +95,12 @@ compose-config:
 	docker-compose -f deploy/compose/docker-compose.yml config -q
 	@echo "deploy/compose/docker-compose.yml is valid"
 
-# Long soaks and chaos runs (MCP_CHAOS_SECONDS, default 120); the suite keeps short versions of each.
+# Chaos under load (tests/chaos): every fault scenario of tests/integration/scenarios.py against a cluster of
+# two routers, schedulers and health services, SDK client processes checking every answer; one row per
+# scenario in bench/chaos.json. MCP_CHAOS_SECONDS (default 40) scales each scenario; `make test` keeps a short
+# run of each (tests/integration/test_delivery.py). About 16 minutes at the defaults on 2 cores.
 chaos: setup native
-	$(VENV)/bin/pytest -q tests/chaos -m slow -p no:cacheprovider --override-ini="addopts=-ra --strict-markers"
+	$(VENV)/bin/pytest -q -s tests/chaos -m slow -p no:cacheprovider --override-ini="addopts=-ra --strict-markers"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -8,7 +8,8 @@ level 2 drops, saving the head's work. Dense weights are stored ``[in, out]`` (`
     demo-mlp/1, demo-mlp/2   layer graph (numpy backend), weights.safetensors; seeds 1 and 2
     demo-onnx/1, demo-onnx/2 the same two MLPs, same weights, as model.onnx (onnx backend)
     demo-mlp-enc/1           demo-mlp/1 with its weights AES-256-GCM encrypted (weights.safetensors.enc)
-    demo-slow/1              demo-mlp/1 behind a 50 ms sleep layer, max batch 8: for timeout tests
+    demo-slow/1              demo-mlp/1 behind a 50 ms sleep layer, max batch 8, 16 requests in flight
+                             per copy and router: for timeout and overload tests
     demo-stateful/1          not idempotent: ``INPUT0`` → ``COUNT`` FP32 ``[-1, 1]``, a counter of the
                              rows its worker ran, after 20 ms (at-most-once tests: a request run twice
                              shows, and a fault finds requests mid-execution)
@@ -215,7 +216,11 @@ def _files() -> dict[str, bytes]:
     enc = _config("numpy", "weights.safetensors.enc", encrypted=True, key_id=DEMO_KEY_ID)
     files["demo-mlp-enc/1/model.yaml"] = _yaml(enc)
 
-    slow = _config("numpy", "weights.safetensors", max_batch_size=8, qos={"latency_sensitivity": 0.2})
+    # at most 16 requests in flight per copy from each router (two batches): overload is refused at once
+    slow = _config(
+        "numpy", "weights.safetensors", max_batch_size=8, qos={"latency_sensitivity": 0.2},
+        max_ongoing_requests=16,
+    )  # fmt: skip
     slow["layers"] = [{"op": "sleep", "ms": SLOW_MS}, *_mlp_layers()]
     files["demo-slow/1/weights.safetensors"] = plain
     files["demo-slow/1/model.yaml"] = _yaml(slow)
