@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -26,6 +27,7 @@ import pytest
 import zmq
 from harness import (
     ROOT,
+    HealthProcess,
     RouterProcess,
     SchedulerProcess,
     WorkerProcess,
@@ -41,6 +43,8 @@ from mcpapi.kserve import grpc_service_pb2_grpc as kserve_grpc
 from mcpapi.v2 import (
     control_pb2,
     control_pb2_grpc,
+    health_pb2,
+    health_pb2_grpc,
     inference_pb2,
     inference_pb2_grpc,
     model_pb2,
@@ -101,10 +105,20 @@ class Secured:
         )  # fmt: skip
         self.router.env.update(tls_env("ROUTER", self.certs, "mcp-router"))
         self.procs.append(self.router.start())
+        self.health = HealthProcess(tmp, etcd, prefix=self.prefix)
+        self.health.env.update(tls_env("HEALTH", self.certs, "mcp-health"))
+        self.procs.append(self.health.start())
 
     def channel(self, service: str, name: str | None) -> grpc.Channel:
-        proc = {"router": self.router, "scheduler": self.scheduler, "worker": self.worker}[service]
-        return secure(proc.endpoints["grpc"], self.certs, name)
+        return secure(self.proc(service).endpoints["grpc"], self.certs, name)
+
+    def proc(self, service: str) -> Any:
+        return {
+            "router": self.router,
+            "scheduler": self.scheduler,
+            "worker": self.worker,
+            "health": self.health,
+        }[service]
 
     def close(self) -> None:
         for proc in reversed(self.procs):
@@ -152,10 +166,9 @@ def test_an_application_certificate_infers_through_the_curve_path(mesh, repo):
     np.testing.assert_allclose(got, mlp_reference(repo, "demo-mlp", "1", X), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("service", ["router", "scheduler", "worker"])
+@pytest.mark.parametrize("service", ["router", "scheduler", "worker", "health"])
 def test_a_client_without_a_valid_certificate_is_refused(mesh, service):
-    proc = {"router": mesh.router, "scheduler": mesh.scheduler, "worker": mesh.worker}[service]
-    address = proc.endpoints["grpc"]
+    address = mesh.proc(service).endpoints["grpc"]
     health = "grpc.health.v1.Health/Check"
     for channel in (
         grpc.insecure_channel(address),  # plaintext: the TLS port does not speak it
@@ -168,6 +181,20 @@ def test_a_client_without_a_valid_certificate_is_refused(mesh, service):
         channel.close()
     ok = mesh.channel(service, "client").unary_unary(f"/{health}", request_serializer=bytes)
     assert _code(lambda: ok(b"", timeout=5))[0] == grpc.StatusCode.OK
+
+
+def test_health_answers_over_mutual_tls(mesh):
+    stub = health_pb2_grpc.HealthStub(mesh.channel("health", "client"))
+    wait_for(lambda: _code(lambda: stub.ClusterHealth(health_pb2.ClusterHealthRequest(), timeout=5))[0]
+             == grpc.StatusCode.OK, 10, 0.1, "health's ClusterHealth over mTLS")  # fmt: skip
+
+
+def test_a_request_over_the_size_limit_is_refused_and_the_service_serves_on(mesh):
+    control = control_pb2_grpc.ModelControlStub(mesh.channel("scheduler", "admin"))
+    spec = model_pb2.ModelSpec(model="demo-mlp", versions=["y" * (5 << 20)], replicas=1)
+    code, message = _code(lambda: control.LoadModel(control_pb2.LoadModelRequest(spec=spec), timeout=10))
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (code, message)
+    control.ListModels(control_pb2.ListModelsRequest(), timeout=10)
 
 
 def test_control_apis_need_a_certificate_on_the_allow_list(mesh):

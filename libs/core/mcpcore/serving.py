@@ -3,7 +3,8 @@
 Invariants: every servicer is registered with ``add`` (through ``GuardedServer``), so an MCPError it
 raises reaches the client as its status; every service's port answers ``grpc.health.v1`` for ``""`` and
 for each of its services; they report SERVING only once the service says it is ready (``set_serving``),
-and NOT_SERVING as soon as it begins to stop, before the server stops taking calls. With ``tls`` enabled
+and NOT_SERVING as soon as it begins to stop, before the server stops taking calls. Every port has a
+request size limit (``DEFAULT_MAX_RECEIVE`` unless the service sets its own). With ``tls`` enabled
 the port speaks only TLS (mutual TLS with a CA; ``mcpcore.tls``), and control methods check the caller's
 certificate name before they run.
 """
@@ -20,7 +21,11 @@ from grpc_health.v1._async import HealthServicer
 from mcpcore.errors import GuardedServer
 from mcpcore.tls import Access, TLSConfig
 
-__all__ = ["GrpcService"]
+__all__ = ["DEFAULT_MAX_RECEIVE", "GrpcService"]
+
+#: A request larger than this is refused RESOURCE_EXHAUSTED before it is parsed (control APIs; the router
+#: and workers, which carry tensors, set their own: 64 MiB and 16 MiB).
+DEFAULT_MAX_RECEIVE = 4 << 20
 
 
 class GrpcService:
@@ -33,6 +38,9 @@ class GrpcService:
         tls: TLSConfig | None = None,
     ) -> None:
         self.services = tuple(services)
+        options = list(options)
+        if not any(name == "grpc.max_receive_message_length" for name, _ in options):
+            options.append(("grpc.max_receive_message_length", DEFAULT_MAX_RECEIVE))  # stated, not implied
         self.tls = tls if tls is not None and tls.enabled else None
         self._access = Access(self.tls)
         self.server = grpc.aio.server(
