@@ -8,10 +8,10 @@ STAMP := $(VENV)/.installed
 TOOLS := .tools
 PERF_ANALYZER := $(TOOLS)/perf/.installed
 
-.PHONY: help setup constraints proto proto-check native lint test up down status bench models chaos gpu-check compose-config clean
+.PHONY: help setup constraints proto proto-check native lint test up down status bench models certs chaos gpu-check compose-config clean
 
 help:
-	@echo "make setup | proto | proto-check | native | lint | test | up | down | bench | models | chaos | gpu-check | compose-config"
+	@echo "make setup | proto | proto-check | native | lint | test | up | down | bench | models | certs | chaos | gpu-check | compose-config"
 
 # etcd (and etcdctl, faketime for the tests) from Debian's packages when missing, then the venv with the project (editable) and its dev tools.
 setup: $(STAMP) $(PERF_ANALYZER)
@@ -94,6 +94,12 @@ compose-config:
 	@command -v docker-compose >/dev/null || tools/install-system-deps.sh docker-compose
 	docker-compose -f deploy/compose/docker-compose.yml config -q
 	@echo "deploy/compose/docker-compose.yml is valid"
+
+# A test CA, every service's, operator's, application's and worker's certificate, CURVE keys (README
+# "Securing a cluster"); CERTS_WORKERS names the workers' ids.
+CERTS_WORKERS ?= w-1,w-2
+certs: $(STAMP)
+	$(PY) tools/make_certs.py --out certs --workers $(CERTS_WORKERS)
 
 # Chaos under load (tests/chaos): every fault scenario of tests/integration/scenarios.py against a cluster of
 # two routers, schedulers and health services, SDK client processes checking every answer; one row per
