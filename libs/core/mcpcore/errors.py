@@ -383,54 +383,6 @@ def _checking(behavior: Any) -> Any:
     return call
 
 
-class _Undecodable:
-    """A request whose bytes did not parse, handed to the guarded behaviour so that it is answered
-    INVALID_ARGUMENT: grpc answers a deserializer's exception UNKNOWN, with the exception's class."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: InvalidArgument) -> None:
-        self.error = error
-
-
-def _tolerant(deserialize: Callable[[bytes], Any] | None, method: str) -> Callable[[bytes], Any] | None:
-    if deserialize is None:
-        return None
-
-    def parse(data: bytes) -> Any:
-        try:
-            return deserialize(data)
-        except Exception as exc:  # protobuf's DecodeError, or a method codec's own
-            return _Undecodable(InvalidArgument(f"{method}: the request does not parse ({exc})"))
-
-    return parse
-
-
-async def _checked(requests: Any) -> Any:
-    async for request in requests:
-        if type(request) is _Undecodable:
-            raise request.error
-        yield request
-
-
-def _checking(behavior: Any) -> Any:
-    """A stream-request behaviour whose requests stop with the INVALID_ARGUMENT of the first that did
-    not parse (else the guard sees protobuf's DecodeError: INTERNAL)."""
-    if inspect.isasyncgenfunction(behavior):
-
-        async def stream(requests: Any, context: Any) -> Any:
-            async for item in behavior(_checked(requests), context):
-                yield item
-
-        return stream
-
-    async def call(requests: Any, context: Any) -> Any:
-        result = behavior(_checked(requests), context)
-        return await result if inspect.isawaitable(result) else result
-
-    return call
-
-
 def _codec(handler: grpc.RpcMethodHandler, name: str) -> Codec | None:
     """The servicer's own codec for method ``name``, from its ``grpc_codecs`` mapping if it has one."""
     behaviour = handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
