@@ -1,13 +1,26 @@
-"""Fixtures of the fuzz tests: the demo model repository, once per module (as tests/integration's)."""
+"""Fixtures of the fuzz tests (the processes under test are started once, never once per example).
+
+- ``repo``: the demo model repository (``make models``' script), built once; a module that adds hostile
+  models copies it first.
+- ``mesh``: one worker, scheduler and router with demo-mlp version 1 routed, shared by the front-door
+  modules (KServe gRPC and REST: the same router's two ports).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import make_demo_repository
+from harness import SmallMesh, make_demo_repository, small_mesh
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_demo_repository(tmp_path_factory.mktemp("repo") / "models")
+
+
+@pytest.fixture(scope="session")
+def mesh(repo: Path, etcd_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SmallMesh]:
+    with small_mesh(tmp_path_factory.mktemp("mesh"), etcd_endpoint, repo, "demo-mlp", ["1"]) as m:
+        yield m

@@ -11,11 +11,15 @@ hypothesis tests of the suite keep theirs.
 from __future__ import annotations
 
 import os
+from typing import Any
 
+from harness import metric
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-__all__ = ["HOSTILE_NAMES", "LONG", "assert_clear", "fuzz_settings", "hostile_text"]
+from mcpcore.errors import SERVER_SIDE_CLASSES
+
+__all__ = ["HOSTILE_NAMES", "LONG", "assert_clear", "fuzz_settings", "hostile_text", "model_health"]
 
 LONG = int(os.environ.get("MCP_FUZZ_EXAMPLES", "0") or 0)
 _CHECKS = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -65,3 +69,13 @@ def assert_clear(message: str, what: str = "") -> None:
     assert "Traceback" not in message, f"traceback in an error message {what}: {message[:2000]}"
     assert 'File "' not in message, f"a source location in an error message {what}: {message[:2000]}"
     assert len(message) < 20_000, f"an error message of {len(message)} characters {what}"
+
+
+def model_health(router: Any, model: str) -> tuple[float, float]:
+    """(``model``'s server-side errors, the router's loop errors) from a router process's /metrics: what
+    client garbage must never raise (the breaker reads the first; DESIGN.md section 8)."""
+    text = router.metrics_text()
+    served = sum(
+        metric(text, "mcp_request_errors_total", model=model, error_class=c) for c in SERVER_SIDE_CLASSES
+    )
+    return served, metric(text, "mcp_loop_errors_total")

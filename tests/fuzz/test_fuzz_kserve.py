@@ -16,14 +16,13 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-from fuzzing import HOSTILE_NAMES, assert_clear, fuzz_settings, hostile_text
-from harness import metric, mlp_reference, small_mesh
+from fuzzing import HOSTILE_NAMES, assert_clear, fuzz_settings, hostile_text, model_health
+from harness import mlp_reference
 from hypothesis import given
 from hypothesis import strategies as st
 
 from mcpapi.kserve import grpc_service_pb2 as pb
 from mcpapi.kserve import grpc_service_pb2_grpc as pb_grpc
-from mcpcore.errors import SERVER_SIDE_CLASSES
 
 MODEL = "demo-mlp"
 X = np.random.default_rng(7).random((2, 64), dtype=np.float32)
@@ -35,12 +34,6 @@ ALLOWED = {
 }
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
-
-
-@pytest.fixture(scope="module")
-def mesh(repo: Path, etcd_endpoint: str, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    with small_mesh(tmp_path_factory.mktemp("kserve"), etcd_endpoint, repo, MODEL, ["1"]) as m:
-        yield m
 
 
 @pytest.fixture(scope="module")
@@ -67,15 +60,6 @@ def probe(channel: grpc.Channel, expected: np.ndarray) -> None:
     response = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(valid_request(), timeout=15)
     out = np.frombuffer(response.raw_output_contents[0], np.float32).reshape(len(X), 16)
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
-
-
-def health(mesh) -> tuple[float, float]:  # type: ignore[no-untyped-def]
-    """(the real model's server-side errors, the router's loop errors), from its /metrics."""
-    text = mesh.router.metrics_text()
-    served = sum(
-        metric(text, "mcp_request_errors_total", model=MODEL, error_class=c) for c in SERVER_SIDE_CLASSES
-    )
-    return served, metric(text, "mcp_loop_errors_total")
 
 
 def check_refusal(err: grpc.RpcError, what: str) -> None:
@@ -192,7 +176,7 @@ _NO_EXPIRY = (
 @fuzz_settings(50)
 @given(request=infer_requests())
 def test_hostile_infer_requests(mesh, channel, expected, request: pb.ModelInferRequest) -> None:  # type: ignore[no-untyped-def]
-    before = health(mesh)
+    before = model_health(mesh.router, MODEL)
     try:
         response = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=15)
     except grpc.RpcError as err:
@@ -201,7 +185,9 @@ def test_hostile_infer_requests(mesh, channel, expected, request: pb.ModelInferR
         assert response.model_name == MODEL
         assert response.id == request.id
     probe(channel, expected)
-    assert health(mesh) == before, "client garbage counted as the model's (or the router's) error"
+    assert model_health(mesh.router, MODEL) == before, (
+        "client garbage counted as the model's (or the router's) error"
+    )
 
 
 def _mutated(data: bytes, cuts: list[tuple[int, int]]) -> bytes:
@@ -235,7 +221,7 @@ _VALID_BYTES = (valid_request().SerializeToString(), _big.SerializeToString())
 def test_bytes_that_are_no_request(mesh, channel, expected, data: bytes, stream: bool) -> None:  # type: ignore[no-untyped-def]
     """Raw bytes on ModelInfer and ModelStreamInfer: protobuf's parse (or the router's own zero-copy
     walk of a large request) refuses what does not parse, INVALID_ARGUMENT, never UNKNOWN."""
-    before = health(mesh)
+    before = model_health(mesh.router, MODEL)
     try:
         if stream:
             call = channel.stream_stream(STREAM)
@@ -248,7 +234,7 @@ def test_bytes_that_are_no_request(mesh, channel, expected, data: bytes, stream:
     except grpc.RpcError as err:
         check_refusal(err, "raw bytes")
     probe(channel, expected)
-    assert health(mesh) == before
+    assert model_health(mesh.router, MODEL) == before
 
 
 @pytest.mark.parametrize(
@@ -262,7 +248,7 @@ def test_bytes_that_are_no_request(mesh, channel, expected, data: bytes, stream:
 )
 def test_sizes(mesh, channel, expected, shape: list[int]) -> None:  # type: ignore[no-untyped-def]
     """Shapes too large for the mesh: refused as the client's, not counted against the model."""
-    before = health(mesh)
+    before = model_health(mesh.router, MODEL)
     request = pb.ModelInferRequest(model_name=MODEL)
     request.inputs.add(name="INPUT0", datatype="FP32", shape=shape)
     rows = shape[0] if 0 < shape[0] <= 70_000 and shape[1] == 64 else 1
@@ -271,4 +257,4 @@ def test_sizes(mesh, channel, expected, shape: list[int]) -> None:  # type: igno
         pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
     check_refusal(caught.value, f"shape {shape}")
     probe(channel, expected)
-    assert health(mesh) == before
+    assert model_health(mesh.router, MODEL) == before
