@@ -2,8 +2,9 @@
 
 - ``repo``: the demo model repository (``make models``' script), built once; a module that adds hostile
   models copies it first.
-- ``mesh``: one worker, scheduler and router with demo-mlp version 1 routed, shared by the front-door
-  modules (KServe gRPC and REST: the same router's two ports).
+- ``mesh``: one worker, scheduler and router with demo-mlp versions 1 and 2 routed, shared by the
+  modules that fuzz the router (KServe gRPC and REST: the same router's two ports; the operator keys,
+  which flip its traffic). Their probes name version 1, so a flip of the default does not change them.
 """
 
 from __future__ import annotations
@@ -22,5 +23,5 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def mesh(repo: Path, etcd_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SmallMesh]:
-    with small_mesh(tmp_path_factory.mktemp("mesh"), etcd_endpoint, repo, "demo-mlp", ["1"]) as m:
+    with small_mesh(tmp_path_factory.mktemp("mesh"), etcd_endpoint, repo, "demo-mlp", ["1", "2"]) as m:
         yield m

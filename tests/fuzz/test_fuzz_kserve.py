@@ -49,7 +49,7 @@ def expected(repo: Path) -> np.ndarray:
 
 
 def valid_request() -> pb.ModelInferRequest:
-    request = pb.ModelInferRequest(model_name=MODEL, id="probe")
+    request = pb.ModelInferRequest(model_name=MODEL, model_version="1", id="probe")
     request.inputs.add(name="INPUT0", datatype="FP32", shape=list(X.shape))
     request.raw_input_contents.append(X.tobytes())
     return request

@@ -61,7 +61,7 @@ def probe(rest: tuple[str, int], expected: np.ndarray) -> None:
     doc = {
         "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": list(X.shape), "data": X.ravel().tolist()}]
     }
-    status, _, body = send(rest, "POST", f"/v2/models/{MODEL}/infer", json.dumps(doc).encode())
+    status, _, body = send(rest, "POST", f"/v2/models/{MODEL}/versions/1/infer", json.dumps(doc).encode())
     assert status == 200, body[:500]
     out = json.loads(body)["outputs"][0]
     np.testing.assert_allclose(
