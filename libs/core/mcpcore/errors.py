@@ -249,8 +249,6 @@ def _guard_unary(behavior: Any, method: str, check: Check | None) -> Any:
         try:
             if type(request) is _Undecodable:
                 raise request.error
-            if type(request) is _Undecodable:
-                raise request.error
             if check is not None:
                 check(context)
             if awaited:
@@ -275,8 +273,6 @@ def _guard_unary(behavior: Any, method: str, check: Check | None) -> Any:
 def _guard_stream(behavior: Any, method: str, check: Check | None) -> Any:
     async def agen(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            if type(request) is _Undecodable:
-                raise request.error
             if type(request) is _Undecodable:
                 raise request.error
             if check is not None:
@@ -311,11 +307,6 @@ def _guard(
     """``handler`` with the MCPError mapping around its behaviour (decided once, not per call), and
     ``check`` (an authorization) run first: what it raises is answered like the behaviour's errors."""
     deserialize, serialize = codec or (handler.request_deserializer, handler.response_serializer)
-    deserialize = _tolerant(deserialize, method)
-    if handler.stream_unary is not None:
-        handler = handler._replace(stream_unary=_checking(handler.stream_unary))
-    if handler.stream_stream is not None:
-        handler = handler._replace(stream_stream=_checking(handler.stream_stream))
     deserialize = _tolerant(deserialize, method)
     if handler.stream_unary is not None:
         handler = handler._replace(stream_unary=_checking(handler.stream_unary))
