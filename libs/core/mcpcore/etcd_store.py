@@ -234,6 +234,7 @@ class EtcdStore(Store):
                     continue
                 self._auth_error = f"etcd at {self._endpoints} refused user {auth.user!r}: {exc.details()}"
                 log.error("%s (check etcd_auth.user and etcd_auth.password_file)", self._auth_error)
+                self._answered.set()
             else:
                 self._token.value, self._auth_error, backoff = reply.token, "", _RETRY_MIN_S
             self._answered.set()
