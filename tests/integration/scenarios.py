@@ -278,7 +278,7 @@ def partition_worker(d: Drill) -> None:
     ``hold_s`` + 3 s; etcd, the scheduler and the health service still reach it. Heal; the routers send
     it requests again."""
     mesh = d.mesh
-    worker = next(w for w in mesh.live_workers() if w.worker_id in mesh.proxies and mesh.held(w))
+    worker = _partitionable_holder(mesh)
     mesh.partition(worker, cut=True)
     settle(1.5)  # the fault: past the routers' 1.2 s link timeout
     cut = _served(worker)
@@ -288,6 +288,18 @@ def partition_worker(d: Drill) -> None:
     mesh.partition(worker, cut=False)
     d.recovered = lambda: _served(worker) > served  # it answers requests again
     d.figures["partitioned_held"] = len(mesh.held(worker))
+
+
+def _partitionable_holder(mesh: Mesh) -> Any:
+    """A live worker behind a proxy that holds replicas; when none does any more (earlier faults moved
+    them), a fresh one behind a proxy takes over what a drained holder of both models held."""
+    found = [w for w in mesh.live_workers() if w.worker_id in mesh.proxies and mesh.held(w)]
+    if found:
+        return found[0]
+    fresh = mesh.add_worker(partitionable=True)
+    holder(mesh).stop()  # SIGTERM: its replicas go elsewhere, the empty fresh worker first
+    wait_for(lambda: mesh.consistent(WANTED) and mesh.held(fresh), 60, 0.1, "replicas on the fresh worker")
+    return fresh
 
 
 def _served(worker: Any) -> float:
