@@ -35,7 +35,7 @@ import contextlib
 import ipaddress
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -104,7 +104,7 @@ _CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
 
 
 _TOKEN_RENEW_S = 100.0  # etcd's simple tokens live 300 s (--auth-token-ttl) unless used
-_NOT_AUTHENTICATED = ("user name is empty", "invalid auth token", "token is invalid")
+_NOT_AUTHENTICATED = ("user name is empty", "invalid auth token", "token is invalid", "auth store is old")
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,9 @@ class _Token(grpc.AuthMetadataPlugin):
         self.value = ""
 
     def __call__(self, context: grpc.AuthMetadataContext, callback: grpc.AuthMetadataPluginCallback) -> None:
-        callback((("token", self.value),) if self.value else (), None)
+        # never on Authenticate itself: etcd refuses any request with a stale token (after a restart)
+        fresh = not context.method_name.endswith("Authenticate")
+        callback((("token", self.value),) if self.value and fresh else (), None)
 
 
 def _b(data: str | bytes) -> bytes:
@@ -228,7 +230,7 @@ class EtcdStore(Store):
                     AuthenticateRequest(name=auth.user, password=auth.password()), timeout=self._timeout
                 )
             except grpc.aio.AioRpcError as exc:
-                if exc.code() in _TRANSIENT:
+                if exc.code() in _TRANSIENT or any(s in (exc.details() or "") for s in _NOT_AUTHENTICATED):
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, _RETRY_MAX_S)
                     continue
@@ -291,7 +293,10 @@ class EtcdStore(Store):
                 "etcd_auth.user, etcd_auth.password_file and etcd_auth.ca_file"
             )
         self._renew.set()  # an expired or not yet issued token: renew it, and the caller retries
-        return self._unavailable(f"authenticating as {self._auth.user!r}: {detail}")
+        return errors.Unavailable(
+            f"etcd at {self._endpoints}: the token of user {self._auth.user!r} is not valid yet or any more "
+            f"({detail}); renewing it"
+        )
 
     @contextlib.contextmanager
     def _calling(self) -> Iterator[None]:
@@ -454,7 +459,7 @@ class EtcdStore(Store):
                     log.info("watch on %r resumed at revision %d", prefix, next_rev)
                 backoff, failing = _RETRY_MIN_S, False
                 while True:
-                    events = self._events(prefix, resp, next_rev)
+                    events = self._events(prefix, resp, next_rev, self._not_authenticated)
                     if events:
                         next_rev = events[-1].mod_revision + 1
                         yield events
@@ -497,11 +502,15 @@ class EtcdStore(Store):
         return resp
 
     @staticmethod
-    def _events(prefix: str, resp: WatchResponse, next_rev: int) -> list[WatchEvent]:
+    def _events(
+        prefix: str, resp: WatchResponse, next_rev: int, not_authenticated: Callable[[str], Exception]
+    ) -> list[WatchEvent]:
         if resp.compact_revision > 0:
             raise WatchCompacted(resp.compact_revision)
         if resp.canceled:
             reason = resp.cancel_reason or "no reason given"
+            if any(s in reason for s in _NOT_AUTHENTICATED):  # a token etcd forgot (it restarted): renew
+                raise not_authenticated(reason)
             raise errors.FailedPrecondition(f"etcd cancelled the watch on {prefix!r}: {reason}")
         # Defensive: a resumed stream starts at next_rev, so nothing older should ever come back.
         return [_watch_event(ev) for ev in resp.events if ev.kv.mod_revision >= next_rev]
