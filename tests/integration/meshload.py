@@ -316,6 +316,10 @@ class Mesh:
         health service still reach it."""
         worker_id = worker_id or f"w-{uuid.uuid4().hex[:6]}"
         extra: dict[str, Any] = {}
+        old_proxy = self.proxies.pop(worker_id, None)  # a worker started again under its id
+        if old_proxy is not None:
+            old_proxy.kill()
+            old_proxy.wait(5)
         if partitionable:
             port = _free_port()
             extra = {"zmq_bind": f"tcp://127.0.0.1:{port}", "advertise_host": PROXY_HOST,

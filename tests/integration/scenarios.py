@@ -82,11 +82,16 @@ def breaker_policy(mesh: Mesh, window_s: float, cool_down_s: float) -> None:
 
 
 def holder(mesh: Mesh, *models: str):  # type: ignore[no-untyped-def]
-    """A live worker that holds every one of ``models`` (default: both; with two copies each on three
-    workers one always does), not the one whose link can be partitioned when another will do."""
-    wanted = {(m, "1") for m in models or WANTED}
-    found = [w for w in mesh.live_workers() if wanted <= mesh.held(w)]
-    return next((w for w in found if w.worker_id not in mesh.proxies), found[0])
+    """A live worker that holds every one of ``models``, or by default one that holds both loaded models
+    (with two copies each on three workers one usually does) or else ``demo-stateful``, so the fault hits
+    requests in flight on it. Never the worker behind a proxy by default: the partition drill needs it."""
+    if models:
+        found = [w for w in mesh.live_workers() if {(m, "1") for m in models} <= mesh.held(w)]
+        return next((w for w in found if w.worker_id not in mesh.proxies), found[0])
+    plain = [w for w in mesh.live_workers() if w.worker_id not in mesh.proxies]
+    held = {w.worker_id: mesh.held(w) for w in plain}
+    both = [w for w in plain if {(m, "1") for m in WANTED} <= held[w.worker_id]]
+    return both[0] if both else next(w for w in plain if ("demo-stateful", "1") in held[w.worker_id])
 
 
 def _retries(mesh: Mesh, seen: dict[str, float]) -> float:
@@ -287,18 +292,19 @@ def partition_worker(d: Drill) -> None:
     assert served == cut, (cut, served)  # really cut off: no request reached it meanwhile
     mesh.partition(worker, cut=False)
     d.recovered = lambda: _served(worker) > served  # it answers requests again
-    d.figures["partitioned_held"] = len(mesh.held(worker))
+    d.figures["partitioned_held"] = len(mesh.held(worker) & {(m, "1") for m in WANTED})
 
 
 def _partitionable_holder(mesh: Mesh) -> Any:
     """A live worker behind a proxy that holds replicas; when none does any more (earlier faults moved
     them), a fresh one behind a proxy takes over what a drained holder of both models held."""
-    found = [w for w in mesh.live_workers() if w.worker_id in mesh.proxies and mesh.held(w)]
+    loaded = {(m, "1") for m in WANTED}  # under load during the drill (demo-flaky is not)
+    found = [w for w in mesh.live_workers() if w.worker_id in mesh.proxies and mesh.held(w) & loaded]
     if found:
         return found[0]
     fresh = mesh.add_worker(partitionable=True)
     holder(mesh).stop()  # SIGTERM: its replicas go elsewhere, the empty fresh worker first
-    wait_for(lambda: mesh.consistent(WANTED) and mesh.held(fresh), 60, 0.1, "replicas on the fresh worker")
+    wait_for(lambda: mesh.consistent(WANTED) and mesh.held(fresh) & loaded, 60, 0.1, "replicas on it")
     return fresh
 
 
