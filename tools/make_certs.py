@@ -3,15 +3,17 @@
 Writes (``--out``, default ``certs/``; private keys mode 0600)::
 
     ca.pem  ca.key                 the CA (EC P-256), valid --days
-    <name>.pem  <name>.key         one leaf per name: mcp-router, mcp-scheduler, mcp-health, admin (mcpctl),
-                                   client (an application: inference only), and each --workers id
+    <name>.pem  <name>.key         one leaf per name: mcp-router, mcp-scheduler, mcp-health, etcd (its
+                                   server), admin (mcpctl), client (an application: inference only), and
+                                   each --workers id
     curve/<name>.key[_secret]      ZeroMQ CURVE key pairs (zmq.auth format): mcp-router, client, workers
     curve/clients/<name>.key       the public keys workers accept (zmq_curve_clients_dir): mcp-router, client
 
-Each leaf's common name is its name, with DNS SANs for the name and ``localhost`` and IP SANs for 127.0.0.1
-and each --hosts entry, usable for both server and client authentication. A worker's certificate names
-its worker id: routers and SDK clients check that a worker record's signature comes from a certificate for
-that id (``mcpcore.signing``). For production, issue the same names from your own CA.
+Each leaf's common name is its name (what ``tls.control_clients`` matches). Servers (services, etcd,
+workers) also have DNS SANs for ``localhost`` and the --hosts entries and an IP SAN for 127.0.0.1; ``admin``
+and ``client`` are client certificates only, with no host names. A worker's certificate also carries the
+URI SAN ``urn:mcpmesh:worker:<id>``: routers and SDK clients accept a worker record only when it is signed
+by the certificate with that id (``mcpcore.signing``). For production, issue the same names from your CA.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-SERVICES = ("mcp-router", "mcp-scheduler", "mcp-health", "admin", "client")
+SERVICES = ("mcp-router", "mcp-scheduler", "mcp-health", "etcd", "admin", "client")
+CLIENTS = ("admin", "client")  # client authentication only
 CURVE_CLIENTS = ("mcp-router", "client")
 
 
@@ -85,22 +88,30 @@ def _ca(out: Path, days: int) -> tuple[x509.Certificate, ec.EllipticCurvePrivate
     return cert, key
 
 
-def _leaf(
+def _leaf(  # noqa: PLR0917  (one identity: where, who, by whom, for what, where it serves, how long)
     out: Path,
     name: str,
     ca: tuple[x509.Certificate, ec.EllipticCurvePrivateKey],
+    role: str,
     hosts: Iterable[str],
     days: int,
 ) -> None:
+    """``role``: "client" (an application or an operator: client authentication only, no host names),
+    "service" or "worker" (servers too: the hosts; a worker also its ``urn:mcpmesh:worker:<id>``)."""
     ca_cert, ca_key = ca
     key = _key()
-    dns = [x509.DNSName(name), x509.DNSName("localhost")]
-    ips = [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    for host in hosts:
-        try:
-            ips.append(x509.IPAddress(ipaddress.ip_address(host)))
-        except ValueError:
-            dns.append(x509.DNSName(host))
+    names: list[x509.GeneralName] = [x509.DNSName(name)]
+    usage = [ExtendedKeyUsageOID.CLIENT_AUTH]
+    if role != "client":
+        usage.append(ExtendedKeyUsageOID.SERVER_AUTH)
+        names += [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+        for host in hosts:
+            try:
+                names.append(x509.IPAddress(ipaddress.ip_address(host)))
+            except ValueError:
+                names.append(x509.DNSName(host))
+    if role == "worker":
+        names.append(x509.UniformResourceIdentifier(f"urn:mcpmesh:worker:{name}"))
     now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
@@ -110,12 +121,9 @@ def _leaf(
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=days))
-        .add_extension(x509.SubjectAlternativeName([*dns, *ips]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-            critical=False,
-        )
+        .add_extension(x509.ExtendedKeyUsage(usage), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     (out / f"{name}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
@@ -128,7 +136,8 @@ def make_certs(out: Path, *, workers: Iterable[str] = (), hosts: Iterable[str] =
     workers, hosts = list(workers), list(hosts)
     ca = _ca(out, days)
     for name in (*SERVICES, *workers):
-        _leaf(out, name, ca, hosts, days)
+        role = "worker" if name in workers else "client" if name in CLIENTS else "service"
+        _leaf(out, name, ca, role, hosts, days)
     curve = out / "curve"
     curve.mkdir(exist_ok=True)
     clients = curve / "clients"

@@ -104,6 +104,7 @@ class Route:
     idempotent: bool = False  # the version may run twice: sent once more after its worker failed
     record_certificate: str = ""  # the worker record's proof (mcpcore.signing)
     record_signature: str = ""
+    control_endpoint: str = ""  # the worker's gRPC address (signed with the record)
 
     # mcpcore.forwarder.LinkTarget
     @property
@@ -266,7 +267,7 @@ def _route(model: str, r: inference_pb2.RouteResponse) -> Route:
     return Route(
         model, r.version, r.worker_id, r.data_endpoint, r.breaker_level, r.header_flags, r.curve_public_key,
         tuple(r.features_off), frozenset(r.zmq_features), r.incarnation, r.idempotent,
-        r.record_certificate, r.record_signature,
+        r.record_certificate, r.record_signature, r.control_endpoint,
     )  # fmt: skip
 
 
@@ -445,7 +446,9 @@ class AsyncMeshClient:
 
     def _verify(self, route: Route) -> None:
         assert self._verifier is not None
-        signed = payload(route.worker_id, route.incarnation, route.endpoint, route.curve_public_key)
+        signed = payload(
+            route.worker_id, route.incarnation, route.endpoint, route.curve_public_key, route.control_endpoint
+        )
         why = self._verifier.verify(route.worker_id, signed, route.record_certificate, route.record_signature)
         if why:
             raise PermissionDenied(f"worker {route.worker_id} at {route.endpoint}: {why}; nothing sent")

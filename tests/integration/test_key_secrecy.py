@@ -112,7 +112,10 @@ def test_model_keys_appear_nowhere(tmp_path, etcd_endpoint):
         + [p.log.read_bytes() for p in (worker, scheduler, router)]
         + [_etcd_values(etcd_endpoint, prefix)]
     )
-    assert b"sec-key" in seen  # the search covers what the mesh said about the keys (ids only)
+    # the search covers what the mesh said about these models and keys (ids only)
+    logs = b"".join(p.log.read_bytes() for p in (worker, scheduler, router))
+    assert b"demo-secret" in logs and b'"level": "DEBUG"' in worker.log.read_bytes()
+    assert "sec-key" in said[-5]  # the refusal (before the 3 metrics texts and the dump) names the key id
     for key in (*_keys(keyring), *_keys(other)):
         for form in _forms(key):
             assert form not in seen, "a model key (or an encoding of it) appeared in the mesh's output"

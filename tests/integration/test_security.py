@@ -203,7 +203,8 @@ def test_control_apis_need_a_certificate_on_the_allow_list(mesh):
     app = mesh.channel("scheduler", "client")
     code, message = _code(lambda: control_pb2_grpc.ModelControlStub(app).LoadModel(load, timeout=10))
     assert code == grpc.StatusCode.PERMISSION_DENIED
-    assert "tls.control_clients" in message and "client" in message.partition("this one is named")[2]
+    assert "tls.control_clients" in message and message.endswith("this one's is client")
+    assert etcd_get(mesh.etcd, Keyspace(mesh.prefix).model_spec("demo-onnx")) is None  # nothing was written
     # reads stay open to any valid certificate
     control_pb2_grpc.ModelControlStub(app).ListModels(control_pb2.ListModelsRequest(), timeout=10)
     # the worker's control API: an application cannot stop it (the scheduler's certificate may)
@@ -316,7 +317,7 @@ def test_a_forged_worker_record_cannot_redirect_tensors(mesh, repo):
     port = impostor.bind_to_random_port("tcp://127.0.0.1")
     forged = {**real, "zmq": f"tcp://127.0.0.1:{port}", "curve_public_key": public.decode()}
     other = RecordSigner(str(mesh.certs / "w-other.pem"), str(mesh.certs / "w-other.key"))
-    signed = payload(WORKER, forged["incarnation"], forged["zmq"], forged["curve_public_key"])
+    signed = payload(WORKER, forged["incarnation"], forged["zmq"], forged["curve_public_key"], forged["grpc"])
     attempts = [
         {k: v for k, v in forged.items() if not k.startswith("record_")},  # unsigned
         forged,  # the real signature over other values

@@ -31,7 +31,7 @@ def rogue(tmp_path_factory):
     return _make_certs(tmp_path_factory.mktemp("rogue"), ["w-1"])
 
 
-DATA = payload("w-1", "inc-1", "tcp://10.0.0.1:5555", "k" * 40)
+DATA = payload("w-1", "inc-1", "tcp://10.0.0.1:5555", "k" * 40, "10.0.0.1:7000")
 
 
 def _signed(certs: Path, name: str = "w-1") -> dict[str, str]:
@@ -68,9 +68,14 @@ def test_a_tampered_record_says_why(certs, change, why):
 def test_other_values_another_id_or_another_ca_fail(certs, rogue):
     verifier = RecordVerifier(str(certs / "ca.pem"))
     doc = _signed(certs)
-    other = payload("w-1", "inc-1", "tcp://6.6.6.6:5555", "k" * 40)  # the endpoint rewritten
+    other = payload("w-1", "inc-1", "tcp://6.6.6.6:5555", "k" * 40, "10.0.0.1:7000")  # endpoint rewritten
     assert "signature does not match" in verifier.verify("w-1", other, **_args(doc))
-    assert "not worker 'w-1'" in verifier.verify("w-1", DATA, **_args(_signed(certs, "w-2")))
+    control = payload("w-1", "inc-1", "tcp://10.0.0.1:5555", "k" * 40, "6.6.6.6:7000")  # control address
+    assert "signature does not match" in verifier.verify("w-1", control, **_args(doc))
+    assert "not 'urn:mcpmesh:worker:w-1'" in verifier.verify("w-1", DATA, **_args(_signed(certs, "w-2")))
+    # a service's or an application's certificate names no worker, whatever its DNS names
+    for name in ("mcp-router", "client"):
+        assert "no worker" in verifier.verify("w-1", DATA, **_args(_signed(certs, name)))
     assert "not issued by the CA" in verifier.verify("w-1", DATA, **_args(_signed(rogue)))
 
 
@@ -88,7 +93,7 @@ def test_access_checks_control_methods_only_under_mutual_tls(certs):
             return self._auth
 
     check(Context(b"admin"))
-    with pytest.raises(PermissionDenied, match="this one is named client, localhost"):
+    with pytest.raises(PermissionDenied, match="this one's is client"):
         check(Context(b"client"))
     tls_only = TLSConfig(cert_file=str(certs / "mcp-router.pem"), key_file=str(certs / "mcp-router.key"))
     assert Access(tls_only).check_for("/mcpapi.v2.ModelControl/LoadModel") is None
@@ -96,12 +101,9 @@ def test_access_checks_control_methods_only_under_mutual_tls(certs):
 
 
 def test_peer_names_from_grpc_and_ssl():
-    assert peer_names({"x509_common_name": [b"a"], "x509_subject_alternative_name": [b"b"]}) == {"a", "b"}
-    cert = {
-        "subject": ((("commonName", "admin"),),),
-        "subjectAltName": (("DNS", "admin"), ("IP Address", "1.2.3.4")),
-    }
-    assert http_peer_names(cert) == {"admin", "1.2.3.4"}
+    assert peer_names({"x509_common_name": [b"a"], "x509_subject_alternative_name": [b"admin"]}) == {"a"}
+    san = (("DNS", "admin"), ("IP Address", "1.2.3.4"))
+    assert http_peer_names({"subject": ((("commonName", "x"),),), "subjectAltName": san}) == {"x"}
     assert http_peer_names(None) == set()
 
 

@@ -1,12 +1,14 @@
 """Worker records signed with the worker's TLS key, so that whoever can write etcd cannot redirect tensors.
 
-A worker with a TLS certificate signs the part of its record that says where tensors go: its id, its
-incarnation, its ZeroMQ endpoint and its CURVE public key (``payload``). The record carries the
-certificate (PEM) and the signature (base64). Routers (from etcd) and SDK clients (from ``Route``) that
-are given the CA verify, before sending a tensor, that:
+A worker with a TLS certificate signs the part of its record that says where requests go: its id, its
+incarnation, its ZeroMQ endpoint, its CURVE public key and its control (gRPC) address (``payload``). The
+record carries the certificate (PEM) and the signature (base64). Routers (from etcd) and SDK clients
+(from ``Route``) that are given the CA verify, before sending a tensor, that:
 
 - the certificate was issued by the CA and is valid now;
-- it names the worker id (a DNS SAN or the common name), so one worker's key cannot vouch for another id;
+- it names the worker id in a URI SAN ``urn:mcpmesh:worker:<id>`` (``worker_uri``), which only that worker's
+  certificate carries (DNS names are shared by design: every certificate may name the same hosts), so one
+  worker's key, or an application's, cannot vouch for another id;
 - the signature over the payload verifies with the certificate's key (EC P-256/P-384 ECDSA-SHA256, RSA
   PKCS#1 v1.5 SHA-256, or Ed25519).
 
@@ -28,14 +30,21 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 
-__all__ = ["RecordSigner", "RecordVerifier", "payload"]
+__all__ = ["RecordSigner", "RecordVerifier", "payload", "worker_uri"]
 
 _CACHE_MAX = 4096
+_URN = "urn:mcpmesh:worker:"
 
 
-def payload(worker_id: str, incarnation: str, zmq: str, curve_public_key: str) -> bytes:
-    """The signed bytes: what decides where a request's tensors go."""
-    return "\n".join(("mcpmesh worker record v1", worker_id, incarnation, zmq, curve_public_key)).encode()
+def worker_uri(worker_id: str) -> str:
+    """The URI SAN that names a worker in its certificate."""
+    return f"urn:mcpmesh:worker:{worker_id}"
+
+
+def payload(worker_id: str, incarnation: str, zmq: str, curve_public_key: str, grpc: str) -> bytes:
+    """The signed bytes: what decides where a request's tensors and a worker's control calls go."""
+    fields = ("mcpmesh worker record v1", worker_id, incarnation, zmq, curve_public_key, grpc)
+    return "\n".join(fields).encode()
 
 
 class RecordSigner:
@@ -81,8 +90,9 @@ class RecordVerifier:
         key, names, not_after = checked
         if datetime.datetime.now(datetime.UTC) > not_after:
             return f"the record's certificate expired at {not_after:%Y-%m-%d %H:%M} UTC"
-        if worker_id not in names:
-            return f"the record's certificate names {sorted(names)}, not worker {worker_id!r}"
+        if worker_uri(worker_id) not in names:
+            shown = sorted(names) or "no worker"
+            return f"the record's certificate names {shown}, not {worker_uri(worker_id)!r}"
         try:
             raw = base64.b64decode(signature, validate=True)
             if isinstance(key, ec.EllipticCurvePublicKey):
@@ -126,10 +136,9 @@ def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
 
 
 def _names(cert: x509.Certificate) -> frozenset[str]:
-    names = {str(a.value) for a in cert.subject.get_attributes_for_oid(x509.oid.NameOID.COMMON_NAME)}
+    """The certificate's worker URIs."""
     try:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        names.update(san.get_values_for_type(x509.DNSName))
     except x509.ExtensionNotFound:
-        pass
-    return frozenset(names)
+        return frozenset()
+    return frozenset(u for u in san.get_values_for_type(x509.UniformResourceIdentifier) if u.startswith(_URN))

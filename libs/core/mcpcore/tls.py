@@ -10,8 +10,9 @@ Modes, by which files are set:
 - ``cert_file`` + ``key_file``: TLS; servers prove who they are, clients are not asked for a certificate;
 - with ``ca_file`` too: mutual TLS. Servers refuse a client without a certificate issued by that CA (the
   handshake fails: the client sees UNAVAILABLE), clients verify the server against it, and the control
-  methods (``CONTROL_METHODS``) further require the client certificate's name (common name or a DNS SAN)
-  to be on ``control_clients``; other callers get PERMISSION_DENIED naming the certificate and the list.
+  methods (``CONTROL_METHODS``) further require the client certificate's common name to be on
+  ``control_clients``; other callers get PERMISSION_DENIED naming the certificate and the list. (Only the
+  common name: DNS SANs name hosts, which many certificates share.)
 
 Invariants:
 - The allow-list is checked on the server, per call, from the TLS session (``auth_context``), never from
@@ -74,7 +75,7 @@ class TLSConfig:
     #: This process's certificate (PEM, leaf first) and its private key.
     cert_file: str = ""
     key_file: str = ""
-    #: Certificate names (CN or DNS SAN) allowed to call control methods under mutual TLS.
+    #: Certificate common names allowed to call control methods under mutual TLS.
     control_clients: tuple[str, ...] = DEFAULT_CONTROL_CLIENTS
     #: The name to verify in servers' certificates instead of the address's host (e.g. a Service's DNS name).
     server_name: str = ""
@@ -163,24 +164,22 @@ class Access:
         if self._allowed is not None and not names & self._allowed:
             shown = ", ".join(sorted(names)) or "none"
             raise PermissionDenied(
-                f"{what} needs a client certificate named one of {sorted(self._allowed)} "
-                f"(tls.control_clients); this one is named {shown}"
+                f"{what} needs a client certificate whose common name is one of {sorted(self._allowed)} "
+                f"(tls.control_clients); this one's is {shown}"
             )
 
 
 def peer_names(auth: dict[str, Sequence[bytes]]) -> set[str]:
-    """The names a verified client certificate carries: its common name and its SANs (gRPC)."""
-    raw = [*auth.get("x509_common_name", ()), *auth.get("x509_subject_alternative_name", ())]
+    """A verified client certificate's common name (gRPC's view of the session)."""
+    raw = auth.get("x509_common_name", ())
     return {v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in raw}
 
 
 def http_peer_names(peercert: dict[str, Any] | None) -> set[str]:
-    """The same names from ``ssl``'s view of a verified peer certificate (REST)."""
+    """The same from ``ssl``'s view of a verified peer certificate (REST)."""
     if not peercert:
         return set()
-    names = {value for rdn in peercert.get("subject", ()) for key, value in rdn if key == "commonName"}
-    names.update(value for _, value in peercert.get("subjectAltName", ()))
-    return names
+    return {value for rdn in peercert.get("subject", ()) for key, value in rdn if key == "commonName"}
 
 
 def load_curve_keypair(path: str) -> tuple[bytes, bytes]:

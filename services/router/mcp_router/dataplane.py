@@ -126,6 +126,7 @@ class RouteDecision:
     alternatives: tuple[RouteDecision, ...] = ()  # other workers that could take it (keyless, on request)
     record_certificate: str = ""  # the worker record's proof (mcpcore.signing), for a direct client
     record_signature: str = ""
+    control_endpoint: str = ""  # the worker's gRPC address (signed with the record)
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,8 @@ Invariants:
 - With tracing on (``mcpcore.tracing``), an inference's W3C ``traceparent``/``tracestate`` headers are
   the trace context its span is a child of; tracing off, they are not read.
 - With the router's ``tls`` set, the port speaks HTTPS only (with a CA: client certificates required), and
-  the endpoints that change the mesh or the router (repository load/unload, POST logging and trace
-  settings) need an allowed certificate name, as the gRPC control methods do (403 otherwise).
+  the endpoints that change the mesh or the router (repository load/unload, logging and trace settings)
+  need an allowed certificate name, as the gRPC control methods do (403 otherwise).
 """
 
 from __future__ import annotations
@@ -186,11 +186,11 @@ class RestFrontEnd:
             web.post("/v2/systemsharedmemory/region/{region}/register", self._shm_register),
             web.post("/v2/systemsharedmemory/unregister", self._shm_unregister),
             web.post("/v2/systemsharedmemory/region/{region}/unregister", self._shm_unregister),
-            web.get("/v2/trace/setting", self._trace),
+            web.get("/v2/trace/setting", self._control(self._trace)),
             web.post("/v2/trace/setting", self._control(self._trace)),
-            web.get(model + "/trace/setting", self._trace),
+            web.get(model + "/trace/setting", self._control(self._trace)),
             web.post(model + "/trace/setting", self._control(self._trace)),
-            web.get("/v2/logging", self._logging),
+            web.get("/v2/logging", self._control(self._logging)),
             web.post("/v2/logging", self._control(self._logging)),
             web.get("/v2/cudasharedmemory/status", self._no_cuda_shm),
             web.get("/v2/cudasharedmemory/region/{region}/status", self._no_cuda_shm),

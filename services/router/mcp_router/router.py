@@ -386,7 +386,7 @@ class Router(DataPlane):
                 tuple(table.features_off) if flags & FLAG_SECONDARY_OFF else (),
                 tuple(sorted(endpoint.zmq_features)), endpoint.incarnation,
                 route.idempotent.get(chosen, False), (),
-                endpoint.record_certificate, endpoint.record_signature,
+                endpoint.record_certificate, endpoint.record_signature, endpoint.grpc,
             )  # fmt: skip
 
         if candidates <= 1 or routing_key:

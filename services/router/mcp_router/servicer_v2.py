@@ -53,6 +53,7 @@ def _route_response(d: RouteDecision) -> v2.RouteResponse:
         idempotent=d.idempotent,
         alternatives=[_route_response(a) for a in d.alternatives],
         record_certificate=d.record_certificate, record_signature=d.record_signature,
+        control_endpoint=d.control_endpoint,
     )  # fmt: skip
 
 

@@ -297,7 +297,7 @@ class Snapshots:
     def _verify(self, worker: str, doc: dict[str, Any]) -> str:
         assert self._verifier is not None
         key = str(doc.get("curve_public_key", ""))
-        data = payload(worker, str(doc.get("incarnation", "")), doc["zmq"], key)
+        data = payload(worker, str(doc.get("incarnation", "")), doc["zmq"], key, str(doc.get("grpc", "")))
         return self._verifier.verify(worker, data, doc.get("record_certificate"), doc.get("record_signature"))
 
     def _apply_model(self, model: str, what: str, value: bytes | None) -> str:

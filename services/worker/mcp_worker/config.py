@@ -90,6 +90,11 @@ class WorkerConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "worker_id", instance_id(self.worker_id, "worker_id"))
+        if self.zmq_curve_clients_dir and not self.zmq_curve_secret_key_file:
+            raise ValueError(
+                "zmq_curve_clients_dir needs zmq_curve_secret_key_file: without CURVE the allow-list "
+                "would check nothing"
+            )
         if self.lease_ttl_s < 1:
             raise ValueError(f"lease_ttl_s: must be >= 1 second, got {self.lease_ttl_s}")
         if not 0 < self.heartbeat_interval_s < self.lease_ttl_s:

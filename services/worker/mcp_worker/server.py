@@ -407,7 +407,8 @@ class Worker:
         }
         if self._signer is not None:
             curve = self._curve_public.decode()
-            signed = payload(cfg.worker_id, self.incarnation, self.endpoints["zmq"], curve)
+            zmq_endpoint, grpc_endpoint = self.endpoints["zmq"], self.endpoints["grpc"]
+            signed = payload(cfg.worker_id, self.incarnation, zmq_endpoint, curve, grpc_endpoint)
             record.update(self._signer.fields(signed))
         return record
 

@@ -100,6 +100,9 @@ class _Started:
     withdraw: Callable[[], None] = lambda: None
 
 
+ZAP_DOMAIN = "mcpmesh"  # the worker socket's ZAP domain; its allow-list is configured for it
+
+
 def allow_curve_clients(ctx: zmq.Context[Any], folder: str) -> Any:
     """A ZAP handler on ``ctx`` (its own thread, off the event loop) that lets a CURVE client complete the
     handshake only if its public key is in ``folder`` (``*.key`` files as ``zmq.auth`` writes them: the
@@ -110,7 +113,7 @@ def allow_curve_clients(ctx: zmq.Context[Any], folder: str) -> Any:
         raise ValueError(f"zmq_curve_clients_dir: no such folder {folder!r}")
     auth = ThreadAuthenticator(ctx, log=logging.getLogger("mcp_worker.zap"))
     auth.start()
-    auth.configure_curve(domain="*", location=folder)
+    auth.configure_curve(domain=ZAP_DOMAIN, location=folder)
     return auth
 
 
@@ -181,6 +184,9 @@ class TensorServer:
             sock.setsockopt(zmq.CURVE_SECRETKEY, self._curve_secret)
             if self._curve_clients:
                 self._authenticator = allow_curve_clients(self._ctx, self._curve_clients)
+                # no handler answering (its thread gone) refuses every peer, instead of letting all in
+                sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
+                sock.zap_domain = ZAP_DOMAIN.encode()
         sock.bind(self._bind)
         self._sock = sock
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)

@@ -22,7 +22,7 @@ class RouteRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., routing_key: _Optional[str] = ..., priority: _Optional[int] = ..., candidates: _Optional[int] = ...) -> None: ...
 
 class RouteResponse(_message.Message):
-    __slots__ = ("worker_id", "data_endpoint", "version", "breaker_level", "header_flags", "curve_public_key", "features_off", "zmq_features", "incarnation", "idempotent", "alternatives", "record_certificate", "record_signature")
+    __slots__ = ("worker_id", "data_endpoint", "version", "breaker_level", "header_flags", "curve_public_key", "features_off", "zmq_features", "incarnation", "idempotent", "alternatives", "record_certificate", "record_signature", "control_endpoint")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     DATA_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class RouteResponse(_message.Message):
     ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
     RECORD_CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
     RECORD_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     data_endpoint: str
     version: str
@@ -49,7 +50,8 @@ class RouteResponse(_message.Message):
     alternatives: _containers.RepeatedCompositeFieldContainer[RouteResponse]
     record_certificate: str
     record_signature: str
-    def __init__(self, worker_id: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., version: _Optional[str] = ..., breaker_level: _Optional[int] = ..., header_flags: _Optional[int] = ..., curve_public_key: _Optional[str] = ..., features_off: _Optional[_Iterable[str]] = ..., zmq_features: _Optional[_Iterable[str]] = ..., incarnation: _Optional[str] = ..., idempotent: _Optional[bool] = ..., alternatives: _Optional[_Iterable[_Union[RouteResponse, _Mapping]]] = ..., record_certificate: _Optional[str] = ..., record_signature: _Optional[str] = ...) -> None: ...
+    control_endpoint: str
+    def __init__(self, worker_id: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., version: _Optional[str] = ..., breaker_level: _Optional[int] = ..., header_flags: _Optional[int] = ..., curve_public_key: _Optional[str] = ..., features_off: _Optional[_Iterable[str]] = ..., zmq_features: _Optional[_Iterable[str]] = ..., incarnation: _Optional[str] = ..., idempotent: _Optional[bool] = ..., alternatives: _Optional[_Iterable[_Union[RouteResponse, _Mapping]]] = ..., record_certificate: _Optional[str] = ..., record_signature: _Optional[str] = ..., control_endpoint: _Optional[str] = ...) -> None: ...
 
 class Tensor(_message.Message):
     __slots__ = ("name", "shape", "data", "dtype")
