@@ -38,9 +38,7 @@ def _etcdctl(etcd: EtcdServer, ca: Path, *args: str, user: str = "") -> str:
 def secured_etcd(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("etcd-sec")
     certs = _make_certs(tmp / "certs", [])
-    _make_certs_for_etcd = certs / "mcp-scheduler"  # any leaf with 127.0.0.1 in its SANs serves etcd
-    etcd = EtcdServer(tmp / "etcd", tls=(certs / "ca.pem", Path(f"{_make_certs_for_etcd}.pem"),
-                                         Path(f"{_make_certs_for_etcd}.key")))  # fmt: skip
+    etcd = EtcdServer(tmp / "etcd", tls=(certs / "ca.pem", certs / "etcd.pem", certs / "etcd.key"))
     etcd.start()
     ca = certs / "ca.pem"
     for args in (
