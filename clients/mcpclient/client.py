@@ -22,6 +22,11 @@ Invariants:
   the router's), and never once its deadline has passed. One whose worker failed while holding it may have
   run: an idempotent version is sent once more through a router (``stats.resends``), any other fails
   ``Unavailable`` "may have started".
+- Routed delivery, the same rule one hop up: a call no router could be reached for moves to the next
+  router; a router that went away holding a call (its connection broke mid-call: killed, or cancelled as
+  it stopped) may have run it, so the call goes to the next router only when its model version is
+  idempotent (learned from ``Route`` answers, asked once per model when unknown; ``stats.failovers``),
+  else it fails ``Unavailable`` "may have started".
 - Links to workers close only when no cached route names them and nothing is in flight on them.
 - Every failure is an ``MCPError`` (``mcpcore.errors``: ``NotFound``, ``InvalidArgument``,
   ``ResourceExhausted``, ``Unavailable``, ``DeadlineExceeded``, ...), with the server's message.
@@ -55,6 +60,7 @@ from mcpcore import dtypes, wire
 from mcpcore.errors import (
     DeadlineExceeded,
     InvalidArgument,
+    MCPError,
     PermissionDenied,
     Unavailable,
     from_rpc_error,
@@ -78,6 +84,11 @@ _ROUTES_KEPT = 1024  # cached routes (one per model, version and routing key), l
 MAX_ROUTE_TTL_S = 1.0  # the most a cached route may live
 MAX_PRIORITY = (1 << 32) - 1  # TensorHeader.priority is a uint32
 #: gRPC's words for a call that could not reach its server at all (so it never left this process)
+#: A call whose router went away mid-call: the connection broke (UNAVAILABLE with these words) or the
+#: server cancelled it (CANCELLED: this client never cancels a call it still waits for).
+_BROKEN = ("socket closed", "connection reset", "stream removed", "broken pipe", "goaway", "rst_stream",
+           "connection aborted", "end of tcp stream")  # fmt: skip
+
 _UNREACHED = (
     "failed to connect",
     "connection refused",
@@ -208,6 +219,14 @@ def _never_reached(err: grpc.RpcError) -> bool:
     return err.code() == grpc.StatusCode.UNAVAILABLE and any(words in details for words in _UNREACHED)
 
 
+def _broken(err: grpc.RpcError) -> bool:
+    """The call reached a router and lost it on the way: its transport broke, or the server cancelled it."""
+    details = (err.details() or "").lower() if hasattr(err, "details") else ""
+    if err.code() == grpc.StatusCode.CANCELLED:
+        return True
+    return err.code() == grpc.StatusCode.UNAVAILABLE and any(words in details for words in _BROKEN)
+
+
 def _checked_call(
     model: Any,
     inputs: Any,
@@ -310,6 +329,7 @@ class AsyncMeshClient:
         # given the CA, a worker's signed record is checked before tensors go to it (mcpcore.signing)
         self._verifier = RecordVerifier(tls.ca_file) if tls is not None and tls.ca_file else None
         self._verified: set[Route] = set()
+        self._idempotent: dict[tuple[str, str], bool] = {}  # (model, version asked) -> may run twice
         self._curve = load_curve_keypair(curve_secret_key_file) if curve_secret_key_file else None
         self._scheduler_address = scheduler or os.environ.get("MCP_SCHEDULER", DEFAULT_SCHEDULER)
         self.timeout = timeout
@@ -381,7 +401,8 @@ class AsyncMeshClient:
             model=call.model, version=call.version, routing_key=call.key, priority=call.priority,
             inputs=[_tensor(name, arr) for name, arr in call.arrays.items()], outputs=call.outputs,
         )  # fmt: skip
-        reply = await self._on_routers("Infer", request, call.deadline, idempotent=False)
+        resend = lambda: self._is_idempotent(call)  # noqa: E731  (asked only if a router is lost mid-call)
+        reply = await self._on_routers("Infer", request, call.deadline, idempotent=False, resend_if=resend)
         self.stats.routed += 1
         return {t.name: _array(t) for t in reply.outputs}
 
@@ -538,7 +559,21 @@ class AsyncMeshClient:
         )
         r = await self._on_routers("Route", request, deadline, idempotent=True)
         self.stats.route_calls += 1
+        self._idempotent[(model, r.version)] = r.idempotent
+        if not version:
+            self._idempotent[(model, "")] = r.idempotent
         return tuple(_route(model, answer) for answer in (r, *r.alternatives))
+
+    async def _is_idempotent(self, call: _Call) -> bool:
+        """Whether ``call``'s model version may run twice (a Route answer says; asked if not known yet)."""
+        known = self._idempotent.get((call.model, call.version))
+        if known is None:
+            try:
+                await self._ask_route(call.model, call.version, call.key, call.priority, call.deadline)
+            except MCPError:
+                return False  # not known: the safe answer
+            known = self._idempotent.get((call.model, call.version), False)
+        return known
 
     def _forget(self, model: str) -> None:
         self._forgotten[model] = self._forgotten.get(model, 0) + 1
@@ -555,10 +590,20 @@ class AsyncMeshClient:
             self._routers = [_Router(a, aio_channel(a, self._tls, options)) for a in self._addresses]
         return self._routers
 
-    async def _on_routers(self, method: str, request: Any, deadline: float, *, idempotent: bool) -> Any:
+    async def _on_routers(
+        self,
+        method: str,
+        request: Any,
+        deadline: float,
+        *,
+        idempotent: bool,
+        resend_if: Callable[[], Coroutine[Any, Any, bool]] | None = None,
+    ) -> Any:
         """Call ``method`` on the router that answered last, moving on to the next only when the call
         provably did not start there; an ``idempotent`` call also on any ``UNAVAILABLE`` and, since each
-        try gets its share of the time left, on a router that does not answer in it (frozen)."""
+        try gets its share of the time left, on a router that does not answer in it (frozen). A call
+        whose router went away holding it moves on only if ``resend_if()`` says it may run twice; else it
+        fails "may have started"."""
         routers = self._router_list()
         tried: list[str] = []
         for step in range(len(routers)):
@@ -582,6 +627,13 @@ class AsyncMeshClient:
                     or error.not_started
                     or (idempotent and isinstance(error, Unavailable | DeadlineExceeded))
                 )
+                if reached and not movable and resend_if is not None and _broken(rpc_error):
+                    movable = not last and await resend_if()
+                    if not movable:
+                        error = Unavailable(
+                            f"{method}: router {router.address} went away holding the request "
+                            f"({error.message}); it may have started, so it was not sent again"
+                        )
                 if not movable or last:
                     if tried and not reached:
                         where = ", ".join([*tried, router.address])

@@ -13,6 +13,7 @@ import asyncio
 import os
 import signal
 import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -252,6 +253,41 @@ def test_routers_fail_over_when_one_cannot_be_reached(cluster: Cluster) -> None:
         with pytest.raises(Unavailable) as err:
             client.infer(MODEL, {"INPUT0": _x()})
         assert err.value.not_started and "no router could be reached" in err.value.message
+
+
+def _received(port: int) -> bool:
+    """Bytes wait unread in a listening process's socket on ``port`` (what ``ss`` shows as Recv-Q)."""
+    done = subprocess.run(["ss", "-Htn", "state", "established", f"( sport = :{port} )"],
+                          capture_output=True, text=True, timeout=10, check=True)  # fmt: skip
+    return any(int(line.split()[0]) > 0 for line in done.stdout.splitlines() if line.strip())
+
+
+def test_a_router_killed_holding_a_call_of_an_idempotent_model_is_sent_to_the_next(
+    cluster: Cluster, tmp_path: Path, etcd_endpoint: str
+) -> None:
+    """The router has the request (frozen, then kill -9): the call broke after it reached the router.
+    The SDK learns from Route that the model may run twice and sends it to the other router."""
+    doomed = RouterProcess(tmp_path, etcd_endpoint, prefix=cluster.prefix).start()
+    try:
+        with cluster.client([doomed.endpoints["grpc"], cluster.router_addresses[1]]) as client:
+            wait_for(lambda: _routable(client), what=f"{MODEL} routed by the new router")
+            client.infer(MODEL, {"INPUT0": _x(rows=1)})  # connected; the next call starts there
+            os.kill(doomed.proc.pid, signal.SIGSTOP)
+            result: dict[str, object] = {}
+            sender = threading.Thread(
+                target=lambda: result.update(out=client.infer(MODEL, {"INPUT0": _x(1)}))
+            )
+            sender.start()
+            port = int(doomed.endpoints["grpc"].rsplit(":", 1)[1])
+            wait_for(lambda: _received(port), what="the request waiting at the frozen router")
+            failovers = client.stats.failovers
+            doomed.proc.kill()
+            doomed.proc.wait(5)
+            sender.join(30)
+            assert "out" in result, "the call failed"
+            assert client.stats.failovers == failovers + 1
+    finally:
+        doomed.kill()
 
 
 def test_errors_are_typed_on_both_paths(cluster: Cluster) -> None:

@@ -180,6 +180,24 @@ def _no_worker(model: str, version: str) -> Unavailable:
     return not_started(Unavailable(f"no worker of model {model} version {version} could take the request"))
 
 
+def _checked(
+    route: ModelRoute | None, model: str, priority: int, parameters: Mapping[str, str] | None
+) -> ModelRoute:
+    """``route``, once the request's own fields are valid (else the error a client can act on)."""
+    if route is None:
+        raise _not_loaded(model)
+    if not 0 <= priority <= MAX_PRIORITY:
+        raise InvalidArgument(
+            f"priority {priority} is out of range: use 0 (the model's default) .. {MAX_PRIORITY}"
+        )
+    bad = [k for k in parameters or () if k.startswith(wire.RESERVED_PREFIX)]
+    if bad:
+        raise InvalidArgument(
+            f"request parameter(s) {bad}: names starting {wire.RESERVED_PREFIX!r} are the mesh's own"
+        )
+    return route
+
+
 class Router(DataPlane):
     def __init__(
         self,
@@ -206,6 +224,9 @@ class Router(DataPlane):
         self._tls = tls  # for the workers' Stats calls (ModelStatistics)
         self._sequences = Sequences()
         self._tracer = tracing.tracer(__name__)  # None: tracing is off (resolved once, not per request)
+        #: Set as a graceful stop begins refusing calls: new ones are answered "not started" (the SDK and
+        #: Triton's clients with retries move to another router) while those in flight finish.
+        self.stopping = False
 
     # -- health and metadata ---------------------------------------------------------------------------
     def live(self) -> bool:
@@ -419,6 +440,8 @@ class Router(DataPlane):
     ) -> InferResult:
         """``request_id`` is the client's: only echoed by the front ends and logged, never put on the wire.
         Traced, the request's span is a child of the current trace context (the module's docstring)."""
+        if self.stopping:
+            raise not_started(Unavailable("this router is stopping: send the request to another router"))
         started = time.perf_counter()
         self._budget.earn()
         route = self._snap.table.models.get(model)
@@ -431,17 +454,7 @@ class Router(DataPlane):
             fields["trace_id"] = format(span.get_span_context().trace_id, "032x")
         status, failure = "CANCELLED", None  # unless it is answered or fails
         try:
-            if route is None:
-                raise _not_loaded(model)
-            if not 0 <= priority <= MAX_PRIORITY:
-                raise InvalidArgument(
-                    f"priority {priority} is out of range: use 0 (the model's default) .. {MAX_PRIORITY}"
-                )
-            bad = [k for k in parameters or () if k.startswith(wire.RESERVED_PREFIX)]
-            if bad:
-                raise InvalidArgument(
-                    f"request parameter(s) {bad}: names starting {wire.RESERVED_PREFIX!r} are the mesh's own"
-                )
+            route = _checked(route, model, priority, parameters)
             if on_partial is not None and outputs:
                 shown = on_partial
                 on_partial = lambda r: shown(_select(route, r, outputs))  # noqa: E731

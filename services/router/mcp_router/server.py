@@ -179,6 +179,11 @@ class RouterServer:
     async def stop(self) -> None:
         await self.grpc.set_not_serving()
         await asyncio.sleep(self.config.shutdown_delay_s)  # a notice period, not a synchronisation
+        # Then new calls are refused "not started", so that clients that did not watch the notice move to
+        # another router, rather than racing the server's stop (gRPC cancels calls that arrive as it
+        # stops: the client cannot tell whether they ran)
+        self.router.stopping = True
+        await asyncio.sleep(min(0.5, self.config.shutdown_delay_s))  # the refusals' period, likewise
         await asyncio.gather(  # in-flight calls finish first, on both front doors
             self.grpc.stop(grace_s=self.config.drain_timeout_s),
             self.rest.stop(),
