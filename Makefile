@@ -104,9 +104,12 @@ certs: $(STAMP)
 # Chaos under load (tests/chaos): every fault scenario of tests/integration/scenarios.py against a cluster of
 # two routers, schedulers and health services, SDK client processes checking every answer; one row per
 # scenario in bench/chaos.json. MCP_CHAOS_SECONDS (default 40) scales each scenario; `make test` keeps a short
-# run of each (tests/integration/test_delivery.py). About 16 minutes at the defaults on 2 cores.
+# run of each (tests/integration/test_delivery.py). About 11 minutes at the defaults on 2 cores, then the
+# fuzzers of tests/fuzz with MCP_FUZZ_EXAMPLES random examples each (make test: a few, fixed), ~4 minutes.
+MCP_FUZZ_EXAMPLES ?= 200
 chaos: setup native
 	$(VENV)/bin/pytest -q -s tests/chaos -m slow -p no:cacheprovider --override-ini="addopts=-ra --strict-markers"
+	MCP_FUZZ_EXAMPLES=$(MCP_FUZZ_EXAMPLES) $(VENV)/bin/pytest -q tests/fuzz -p no:cacheprovider --timeout=900
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
