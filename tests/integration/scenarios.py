@@ -180,6 +180,7 @@ def kill_worker(d: Drill) -> None:
 
 def sigstop_worker(d: Drill) -> None:
     frozen = holder(d.mesh)
+    d.figures["frozen_held_idempotent"] = int(("demo-mlp", "1") in d.mesh.held(frozen))
     os.kill(frozen.proc.pid, signal.SIGSTOP)
     settle(3.0)  # the fault: frozen past its 2 s lease
     os.kill(frozen.proc.pid, signal.SIGCONT)

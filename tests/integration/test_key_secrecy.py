@@ -11,13 +11,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import grpc
 import numpy as np
+import pytest
 from harness import (
     RouterProcess,
     SchedulerProcess,
@@ -28,17 +27,20 @@ from harness import (
 )
 
 from mcpapi.v2 import control_pb2, control_pb2_grpc, inference_pb2, inference_pb2_grpc, model_pb2, worker_pb2
+from mcpclient.mcpctl import main
 from mcpcore import dtypes
 from mcpcore.etcd_store import EtcdStore
 
 X = np.random.default_rng(3).random((1, 64), dtype=np.float32)
 
 
-def _mcpctl(*args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "mcpclient.mcpctl", *args], capture_output=True, text=True,
-                          timeout=60, check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return done.stdout + done.stderr
+def _mcpctl(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """``mcpctl ARGS`` in this process (its ``main``), which must succeed: what it printed."""
+    capsys.readouterr()
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out + err
 
 
 def _forms(key: bytes) -> list[bytes]:
@@ -61,13 +63,15 @@ def _etcd_values(endpoint: str, prefix: str) -> bytes:
     return asyncio.run(read())
 
 
-def test_model_keys_appear_nowhere(tmp_path, etcd_endpoint):
+def test_model_keys_appear_nowhere(tmp_path, etcd_endpoint, capsys):
     repo = make_demo_repository(tmp_path / "models")
     keyring, other = tmp_path / "keyring.json", tmp_path / "other.json"
-    said = [_mcpctl("keygen", "--keyring", str(keyring), "--key-id", "sec-key")]
-    said.append(_mcpctl("keygen", "--keyring", str(other), "--key-id", "sec-key"))  # same id, other key
+    said = [_mcpctl(capsys, "keygen", "--keyring", str(keyring), "--key-id", "sec-key")]
+    said.append(
+        _mcpctl(capsys, "keygen", "--keyring", str(other), "--key-id", "sec-key")
+    )  # same id, other key
     for ring, name in ((keyring, "demo-secret"), (other, "demo-wrong")):
-        said.append(_mcpctl("-o", "json", "encrypt-model", "--repo", str(repo), "--model", "demo-mlp",
+        said.append(_mcpctl(capsys, "-o", "json", "encrypt-model", "--repo", str(repo), "--model", "demo-mlp",
                             "--version", "1", "--keyring", str(ring), "--key-id", "sec-key",
                             "--output-model", name))  # fmt: skip
     prefix = f"/ks{uuid.uuid4().hex[:6]}/mcp"
@@ -77,8 +81,17 @@ def test_model_keys_appear_nowhere(tmp_path, etcd_endpoint):
     for proc in (worker, scheduler, router):
         proc.env["MCP_LOG_LEVEL"] = "DEBUG"
     try:
-        for proc in (worker, scheduler, router):
-            proc.start()
+        worker.start()
+        # the other key under the same id, asked of the worker before a scheduler manages it (it would
+        # unload what it did not place): refused, and the refusal names ids, never keys
+        try:
+            worker.control().Load(worker_pb2.LoadRequest(model="demo-wrong", version="1"), timeout=30)
+            raise AssertionError("a model encrypted with another key loaded")
+        except grpc.RpcError as err:
+            assert err.code() == grpc.StatusCode.PERMISSION_DENIED, err.details()
+            said.append(err.details() or "")
+        scheduler.start()
+        router.start()
         control = control_pb2_grpc.ModelControlStub(scheduler.channel())
         spec = model_pb2.ModelSpec(model="demo-secret", versions=["1"], replicas=1)
         control.LoadModel(control_pb2.LoadModelRequest(spec=spec), timeout=60)
@@ -96,14 +109,8 @@ def test_model_keys_appear_nowhere(tmp_path, etcd_endpoint):
 
         (got,) = wait_for(answer, 30, 0.1, "demo-secret served")
         np.testing.assert_allclose(got, mlp_reference(repo, "demo-mlp", "1", X), rtol=1e-5, atol=1e-5)
-        try:  # the other key under the same id: refused, and the refusal names ids, never keys
-            worker.control().Load(worker_pb2.LoadRequest(model="demo-wrong", version="1"), timeout=30)
-            raise AssertionError("a model encrypted with another key loaded")
-        except grpc.RpcError as err:
-            assert err.code() == grpc.StatusCode.PERMISSION_DENIED, err.details()
-            said.append(err.details() or "")
         said += [p.metrics_text() for p in (worker, scheduler, router)]
-        said.append(_mcpctl("--etcd", etcd_endpoint, "-o", "json", "dump", "--prefix", prefix))
+        said.append(_mcpctl(capsys, "--etcd", etcd_endpoint, "-o", "json", "dump", "--prefix", prefix))
     finally:
         for proc in reversed((worker, scheduler, router)):
             proc.stop()

@@ -13,8 +13,6 @@ import contextlib
 import importlib.util
 import json
 import ssl
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 import uuid
@@ -53,6 +51,7 @@ from mcpapi.v2 import (
     worker_pb2_grpc,
 )
 from mcpclient import MeshClient, PermissionDenied, TLSConfig, Unavailable
+from mcpclient.mcpctl import main as mcpctl_main
 from mcpcore import dtypes, wire
 from mcpcore.keys import Keyspace
 from mcpcore.signing import RecordSigner, payload
@@ -378,18 +377,18 @@ def _routed_to(client: MeshClient, port: int) -> bool:
         return False
 
 
-def test_mcpctl_with_the_admin_certificate(mesh):
+def test_mcpctl_with_the_admin_certificate(mesh, capsys):
     certs = mesh.certs
-    args = [sys.executable, "-m", "mcpclient.mcpctl", "--scheduler", mesh.scheduler.endpoints["grpc"],
-            "--tls-ca", str(certs / "ca.pem"), "--tls-cert", str(certs / "admin.pem"),
-            "--tls-key", str(certs / "admin.key"), "-o", "json", "list"]  # fmt: skip
-    done = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    assert "demo-mlp" in json.dumps(json.loads(done.stdout))
-    plain = [a for a in args if not a.startswith("--tls") and not a.startswith(str(certs))]
-    done = subprocess.run(plain, capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 3, done.stderr  # unreachable without TLS, one line, no traceback
-    assert "Traceback" not in done.stderr
-    missing = [*args[:5], "--tls-ca", str(certs / "nope.pem"), "list"]
-    done = subprocess.run(missing, capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 2 and "no such file" in done.stderr
+    where = ["--scheduler", mesh.scheduler.endpoints["grpc"]]
+    tls = ["--tls-ca", str(certs / "ca.pem"), "--tls-cert", str(certs / "admin.pem"),
+           "--tls-key", str(certs / "admin.key")]  # fmt: skip
+    capsys.readouterr()
+    assert mcpctl_main([*where, *tls, "-o", "json", "list"]) == 0
+    out, err = capsys.readouterr()
+    assert "demo-mlp" in json.dumps(json.loads(out)), err
+    assert mcpctl_main([*where, "-o", "json", "list"]) == 3  # without TLS: unreachable, exit 3
+    _, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "Traceback" not in err, err  # one line
+    assert mcpctl_main([*where, "--tls-ca", str(certs / "nope.pem"), "list"]) == 2
+    _, err = capsys.readouterr()
+    assert "no such file" in err
