@@ -606,8 +606,9 @@ class AsyncMeshClient:
         fails "may have started"."""
         routers = self._router_list()
         tried: list[str] = []
+        first = self._current  # the order is fixed here: a nested call (resend_if's Route) moves _current
         for step in range(len(routers)):
-            index = (self._current + step) % len(routers)
+            index = (first + step) % len(routers)
             router, last = routers[index], step == len(routers) - 1
             left = deadline - time.monotonic()
             if left <= 0:

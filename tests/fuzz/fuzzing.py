@@ -57,6 +57,25 @@ def fuzz_settings(examples: int = 25) -> settings:
     )
 
 
+def hostile_json(max_size: int, max_leaves: int) -> st.SearchStrategy[object]:
+    """Any JSON value (huge and non-finite numbers, hostile strings), nested in lists and objects."""
+    scalars = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.integers(min_value=-(1 << 80), max_value=1 << 80),
+        st.floats(allow_nan=True, allow_infinity=True),
+        hostile_text(20),
+    )
+    return st.recursive(
+        scalars,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=max_size), st.dictionaries(hostile_text(10), inner, max_size=max_size)
+        ),
+        max_leaves=max_leaves,
+    )
+
+
 def hostile_text(max_size: int = 64) -> st.SearchStrategy[str]:
     """Known-hostile names, or any text (unicode, controls, NUL) up to ``max_size``."""
     return st.one_of(st.sampled_from(HOSTILE_NAMES), st.text(max_size=max_size))

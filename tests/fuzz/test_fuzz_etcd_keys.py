@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-from fuzzing import fuzz_settings, hostile_text
+from fuzzing import fuzz_settings, hostile_json, hostile_text
 from harness import etcd_get, etcd_put, metric, mlp_reference, wait_for
 from hypothesis import assume, given
 from hypothesis import strategies as st
@@ -98,20 +98,7 @@ def is_garbage(parse: Callable[[bytes], Any], raw: bytes) -> bool:
 
 # --- hostile values --------------------------------------------------------------------------------------
 
-_json = st.recursive(
-    st.one_of(
-        st.none(),
-        st.booleans(),
-        st.integers(),
-        st.integers(min_value=-(1 << 80), max_value=1 << 80),
-        st.floats(allow_nan=True, allow_infinity=True),
-        hostile_text(20),
-    ),
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=3), st.dictionaries(hostile_text(10), inner, max_size=3)
-    ),
-    max_leaves=8,
-)
+_json = hostile_json(max_size=3, max_leaves=8)
 
 
 _HUGE_STRING = b'{"stable": "' + b"x" * 100_000 + b'"}'

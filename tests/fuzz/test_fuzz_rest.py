@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 import numpy as np
 import pytest
-from fuzzing import HOSTILE_NAMES, assert_clear, fuzz_settings, hostile_text, model_health
+from fuzzing import HOSTILE_NAMES, assert_clear, fuzz_settings, hostile_json, hostile_text, model_health
 from harness import mlp_reference
 from hypothesis import given
 from hypothesis import strategies as st
@@ -111,20 +111,7 @@ def paths(draw: st.DrawFn) -> str:
     return "/" + "/".join(draw(st.lists(_segment, max_size=4)))
 
 
-_json = st.recursive(
-    st.one_of(
-        st.none(),
-        st.booleans(),
-        st.integers(),
-        st.integers(min_value=-(1 << 80), max_value=1 << 80),
-        st.floats(allow_nan=True, allow_infinity=True),
-        hostile_text(20),
-    ),
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=4), st.dictionaries(hostile_text(10), inner, max_size=4)
-    ),
-    max_leaves=10,
-)
+_json = hostile_json(max_size=4, max_leaves=10)
 _datatypes = st.one_of(
     st.sampled_from(["FP32", "FP16", "BF16", "INT64", "INT8", "UINT8", "BOOL", "BYTES", "FP64"]), _json
 )
