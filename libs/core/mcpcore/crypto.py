@@ -479,20 +479,24 @@ class EncryptedFile:
             raise self._auth_failed() from None
 
 
-@contextmanager
-def open_encrypted(path: str | Path, *, source: str | None = None) -> Iterator[EncryptedFile]:
-    """Open ``path`` and check its header against its size (nothing is decrypted or allocated yet)."""
-    path = Path(path)
-    where = source or f"encrypted file {path}"
+def _open_for_reading(path: Path, where: str) -> BinaryIO:
+    """``path`` opened to read, or the MCPError that says why not, naming ``where``."""
     try:
-        f = path.open("rb")
+        return path.open("rb")
     except FileNotFoundError:
         raise NotFound(f"{where}: no such file") from None
     except IsADirectoryError:
         raise InvalidArgument(f"{where}: is a directory, not a file") from None
     except OSError as err:
         raise PermissionDenied(f"{where}: cannot read: {err.strerror or err}") from None
-    with f:
+
+
+@contextmanager
+def open_encrypted(path: str | Path, *, source: str | None = None) -> Iterator[EncryptedFile]:
+    """Open ``path`` and check its header against its size (nothing is decrypted or allocated yet)."""
+    path = Path(path)
+    where = source or f"encrypted file {path}"
+    with _open_for_reading(path, where) as f:
         yield EncryptedFile(f, os.fstat(f.fileno()).st_size, where)
 
 
@@ -585,13 +589,7 @@ def encrypt_file(
     """Encrypt file ``src`` into ``dst`` (format 2, streamed, written atomically; ``src`` is left alone)."""
     src, dst = Path(src), Path(dst)
     _check_encrypt_args(key, key_id, model, version, chunk_size)
-    try:
-        f = src.open("rb")
-    except FileNotFoundError:
-        raise NotFound(f"no such file: {src}") from None
-    except IsADirectoryError:
-        raise InvalidArgument(f"{src} is a directory, not a file") from None
-    with f:
+    with _open_for_reading(src, str(src)) as f:
         size = os.fstat(f.fileno()).st_size
         _check_limit(size, f"cannot encrypt {src}: it holds", InvalidArgument)
         args = {"key": key, "key_id": key_id, "model": model, "version": version, "chunk_size": chunk_size}
