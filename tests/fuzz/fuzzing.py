@@ -57,18 +57,22 @@ def fuzz_settings(examples: int = 25) -> settings:
     )
 
 
-def hostile_json(max_size: int, max_leaves: int) -> st.SearchStrategy[object]:
-    """Any JSON value (huge and non-finite numbers, hostile strings), nested in lists and objects."""
-    scalars = st.one_of(
+def hostile_scalars(bound: int, *more: st.SearchStrategy[object]) -> st.SearchStrategy[object]:
+    """None, booleans, integers up to +-``bound``, non-finite floats, and ``more``."""
+    return st.one_of(
         st.none(),
         st.booleans(),
         st.integers(),
-        st.integers(min_value=-(1 << 80), max_value=1 << 80),
+        st.integers(min_value=-bound, max_value=bound),
         st.floats(allow_nan=True, allow_infinity=True),
-        hostile_text(20),
+        *more,
     )
+
+
+def hostile_json(max_size: int, max_leaves: int) -> st.SearchStrategy[object]:
+    """Any JSON value (huge and non-finite numbers, hostile strings), nested in lists and objects."""
     return st.recursive(
-        scalars,
+        hostile_scalars(1 << 80, hostile_text(20)),
         lambda inner: st.one_of(
             st.lists(inner, max_size=max_size), st.dictionaries(hostile_text(10), inner, max_size=max_size)
         ),

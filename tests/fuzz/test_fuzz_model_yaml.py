@@ -23,7 +23,7 @@ import grpc
 import numpy as np
 import pytest
 import yaml
-from fuzzing import assert_clear, fuzz_settings, hostile_text
+from fuzzing import assert_clear, fuzz_settings, hostile_scalars, hostile_text
 from harness import TensorClient, mlp_reference, serving_worker
 from hypothesis import given
 from hypothesis import strategies as st
@@ -53,12 +53,8 @@ layers:
 DEMO_DOC = yaml.safe_load(DEMO)
 _WHERE = re.compile(r"^model\.yaml m/1: ")
 
-_scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(),
-    st.integers(min_value=-(1 << 200), max_value=1 << 200),
-    st.floats(allow_nan=True, allow_infinity=True),
+_scalars = hostile_scalars(
+    1 << 200,
     hostile_text(),
     st.sampled_from(["FP32", "numpy", "dense", "-1", "1e400", "0x10", "INPUT0", "OUTPUT0"]),
 )
