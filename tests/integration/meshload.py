@@ -77,6 +77,7 @@ class LoadResult:
     versions: Counter[str] = field(default_factory=Counter)  # answers by the version that computed them
     ok_p99_ms: float = 0.0
     refused_p99_ms: float = 0.0
+    ok_samples: list[tuple[float, float]] = field(default_factory=list)  # (wall time sent, ms) per answer
 
     @property
     def sent(self) -> int:
@@ -100,6 +101,8 @@ class CheckedLoad:
         self.result = LoadResult()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._going = threading.Event()  # cleared: paused, no new request is sent
+        self._going.set()
         self._inputs = []
         for c in range(clients):  # distinct inputs per client: a swapped answer cannot match
             xs = [np.random.default_rng(c * 100 + k).random((1, 64), dtype=np.float32) for k in range(8)]
@@ -121,13 +124,24 @@ class CheckedLoad:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def pause(self) -> None:
+        """Send nothing more until ``resume`` (calls in flight finish)."""
+        self._going.clear()
+
+    def resume(self) -> None:
+        self._going.set()
+
     def stop(self) -> LoadResult:
         self._stop.set()
+        self._going.set()
         for t in self._threads:
             t.join(60)
         for name, values in (("ok_p99_ms", self._ok_ms), ("refused_p99_ms", self._refused_ms)):
             setattr(self.result, name, float(np.percentile(values, 99)) if values else 0.0)
         return self.result
+
+    def ok(self) -> int:
+        return self.result.ok
 
     def fallback_answers(self) -> int:
         return self.result.versions["2"]
@@ -141,13 +155,14 @@ class CheckedLoad:
         xs, refs = self._inputs[c]
         n = 0
         while not self._stop.is_set():
+            self._going.wait()
             k = n % len(xs)
             n += 1
             request = inference_pb2.InferRequest(
                 model=self._model, version=self._version, routing_key=f"c{c}-{n}", inputs=[tensor(xs[k])],
                 request_id=str(n),  # every client counts from 1: ids repeat across clients, as in life
             )  # fmt: skip
-            began = time.perf_counter()
+            began, sent_at = time.perf_counter(), time.time()
             try:
                 reply = self._infer(request, timeout=20)
             except grpc.RpcError as err:
@@ -171,6 +186,7 @@ class CheckedLoad:
                     self.result.ok += 1
                     self.result.versions[reply.version] += 1
                     self._ok_ms.append(ms)
+                    self.result.ok_samples.append((sent_at, ms))
                     if not refs:
                         self.result.counts.append((reply.worker_id, int(got[0, 0])))
 
@@ -223,10 +239,20 @@ class SdkLoad:
         target = self.ok() + more
         wait_for(lambda: self.ok() >= target, timeout_s, 0.1, f"{more} more answers from {self._model}")
 
+    def pause(self) -> None:
+        """Freeze the client processes (SIGSTOP): they send nothing until ``resume``."""
+        for proc in self._procs:
+            proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        for proc in self._procs:
+            proc.send_signal(signal.SIGCONT)
+
     def stop(self) -> LoadResult:
         if not self._procs:
             return self.result
         for proc in self._procs:
+            proc.send_signal(signal.SIGCONT)  # a paused one would not act on its SIGTERM
             proc.send_signal(signal.SIGTERM)
         for proc in self._procs:
             proc.wait(60)
@@ -244,6 +270,7 @@ class SdkLoad:
             r.versions.update(d["versions"])
             r.ok_p99_ms = max(r.ok_p99_ms, d["ok_p99_ms"])
             r.refused_p99_ms = max(r.refused_p99_ms, d["refused_p99_ms"])
+            r.ok_samples += [(t, ms) for t, ms in d["ok_samples"]]
         return r
 
 

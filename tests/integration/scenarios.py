@@ -19,6 +19,7 @@ mesh is consistent, the scenario's recovery condition holds, and each load got 2
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import threading
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 from harness import etcd_get, etcd_put, metric, wait_for
 from meshload import INJECTED, LoadResult, Mesh, SdkLoad, settle
 
@@ -67,6 +69,7 @@ class Drill:
     injected: int = 0
     retried: int = 0
     figures: dict[str, float] = field(default_factory=dict)
+    background: tuple[Any, ...] = ()  # the loads ``run`` keeps up through every fault
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,7 @@ def run(
     with load("demo-mlp") as mlp, load("demo-stateful") as stateful:
         mlp.wait_ok(50)
         stateful.wait_ok(50)
+        d.background = (mlp, stateful)
         scenario.fault(d)
         d.ended = d.ended or time.monotonic()
         wait_for(lambda: mesh.consistent(WANTED) and d.recovered(), recover_s, 0.1, "the mesh recovered")
@@ -391,26 +395,55 @@ def flaky(ratio: float, level: int) -> Callable[[Drill], None]:
     return fault
 
 
+SLOW_ROUNDS = 4  # alone / beside windows of slow_beside_fast, interleaved
+
+
 def slow_beside_fast(d: Drill) -> None:
     """demo-slow (50 ms a batch, 10x demo-mlp's latency and more) saturated beside demo-mlp: the fast
-    model keeps answering, its p99 within 2x of its baseline (checked in make chaos; reported always)."""
+    model keeps answering, its p99 within 2x of its baseline (checked in make chaos; reported always).
+
+    The baseline is measured in the same run, interleaved: the slow model's client processes are paused
+    (SIGSTOP) and resumed for ``SLOW_ROUNDS`` pairs of windows while the fast clients run throughout, and
+    each p99 pools the answers sent and received inside its windows. A noisy machine then slows both
+    sides alike; what differs is only the slow model's traffic. The drill's background load is paused
+    meanwhile: on two cores it alone saturates the CPU, and the p99 would measure that."""
     mesh = d.mesh
     mesh.load("demo-slow", 1)
-    with d.load("demo-mlp", clients=2) as base:
-        base.wait_ok(50)
-        settle(d.hold_s)  # the baseline's length
-    with d.load("demo-slow", clients=8) as slow, d.load("demo-mlp", clients=2) as fast:
+    windows: dict[str, list[tuple[float, float]]] = {"alone": [], "beside": []}
+    slow_served = []
+    with d.load("demo-mlp", clients=2) as fast, d.load("demo-slow", clients=8) as slow:
         slow.wait_ok(20)
         fast.wait_ok(50)
-        settle(d.hold_s)  # the fault's length
-    for r in (base.result, slow.result, fast.result):
+        for load in d.background:
+            load.pause()
+        for _ in range(SLOW_ROUNDS):
+            for name in ("alone", "beside"):
+                (slow.pause if name == "alone" else slow.resume)()
+                began = time.time()
+                settle(d.hold_s / SLOW_ROUNDS)  # the window's length: together, baseline and fault
+                # the window's first quarter is left out: the slow clients stop or resume in it
+                windows[name].append((began + d.hold_s / SLOW_ROUNDS / 4, time.time()))
+            slow_served.append(slow.ok())
+        for load in d.background:
+            load.resume()
+    for r in (slow.result, fast.result):
         _extra(d, r)
         assert r.failures == [] and r.wrong == [], (r.failures[:5], r.wrong[:5])
-    d.figures["fast_p99_ms_alone"] = round(base.result.ok_p99_ms, 2)
-    d.figures["fast_p99_ms_beside_slow"] = round(fast.result.ok_p99_ms, 2)
-    d.figures["slow_p99_ms"] = round(slow.result.ok_p99_ms, 2)
+    assert all(b > a for a, b in itertools.pairwise([0, *slow_served])), slow_served  # it ran each round
+    alone = _p99_within(fast.result.ok_samples, windows["alone"])
+    beside = _p99_within(fast.result.ok_samples, windows["beside"])
+    d.figures["fast_p99_ms_alone"] = round(alone, 2)
+    d.figures["fast_p99_ms_beside_slow"] = round(beside, 2)
+    d.figures["slow_p99_ms"] = round(_p99_within(slow.result.ok_samples, windows["beside"]), 2)
     if d.timing:
-        assert fast.result.ok_p99_ms <= 2 * base.result.ok_p99_ms, d.figures
+        assert beside <= 2 * alone, d.figures
+
+
+def _p99_within(samples: list[tuple[float, float]], windows: list[tuple[float, float]]) -> float:
+    """The p99 (ms) of the answers sent and received inside one of ``windows`` (wall-time bounds)."""
+    inside = [ms for t, ms in samples if any(lo <= t and t + ms / 1e3 <= hi for lo, hi in windows)]
+    assert len(inside) >= 20, f"{len(inside)} answers inside the windows {windows}"
+    return float(np.percentile(inside, 99))
 
 
 def overload(d: Drill) -> None:

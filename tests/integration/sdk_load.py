@@ -8,7 +8,8 @@ the answer: ``demo-stateful`` one positive integer count per row; any other mode
 message is the fault layer's ``injected fault`` is counted as ``injected``, not as failed. Until SIGTERM
 (or ``--seconds``) it rewrites ``STATUS_FILE`` (JSON, atomically) a few times a second: sent, ok, failures
 by message, wrong answers, injected, the SDK's own resends, fallbacks and failovers (``ClientStats``), and
-latency percentiles of answered and of refused requests; the last write has ``"done": true``.
+latency percentiles of answered and of refused requests; the last write has ``"done": true`` and each
+answer's (wall time sent, latency in ms), so that a drill can compare windows of one run.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import os
 import signal
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ from mcpcore.errors import MCPError
 
 INJECTED = "injected fault"  # mcp_worker.backends.numpy_backend.INJECTED_FAULT, the fail layer's words
 _KEPT = 20000  # latencies kept for percentiles (the most recent)
+_SAMPLES = 200_000  # (time sent, latency) of the most recent answers, in the last status only
 
 
 class Load:
@@ -43,6 +45,7 @@ class Load:
         self.wrong: list[str] = []
         self.versions: Counter[str] = Counter()
         self.ok_ms: list[float] = []
+        self.ok_samples: deque[tuple[float, float]] = deque(maxlen=_SAMPLES)  # (wall time sent, ms)
         self.refused_ms: list[float] = []
         versions = ["1", "2"] if args.any_version else [args.version or "1"]
         base = "demo-mlp" if args.model != "demo-stateful" else ""
@@ -62,7 +65,7 @@ class Load:
         n = 0
         while not self.stop.is_set():
             k, n = n % len(xs), n + 1
-            started = time.perf_counter()
+            started, sent_at = time.perf_counter(), time.time()
             try:
                 out = self.client.infer(
                     self.args.model, {"INPUT0": xs[k]}, version=self.args.version or None,
@@ -88,6 +91,7 @@ class Load:
                     self.ok += 1
                     self.versions[verdict] += 1
                     self.ok_ms.append(ms)
+                    self.ok_samples.append((sent_at, ms))
                     if len(self.ok_ms) > 2 * _KEPT:
                         del self.ok_ms[:_KEPT]
 
@@ -114,6 +118,7 @@ class Load:
                 "failovers": stats.failovers, "ok_p50_ms": _pct(self.ok_ms, 50),
                 "ok_p99_ms": _pct(self.ok_ms, 99), "refused_p99_ms": _pct(self.refused_ms, 99),
                 "rss_mib": _rss_mib(), "done": done,
+                "ok_samples": [(round(t, 4), round(ms, 3)) for t, ms in self.ok_samples] if done else [],
             }  # fmt: skip
 
 

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from mcp_worker import batching
 from mcp_worker.batching import BatchConfig, Dispatcher
 from mcp_worker.sharing import ModelShare
 from mcpcore.errors import DeadlineExceeded, Internal, InvalidArgument, ResourceExhausted, Unavailable
@@ -358,6 +359,36 @@ async def test_free_slots_go_to_models_by_weight(make):
     await asyncio.gather(first, *tasks)
     both_ready = log[1:41]  # while both queues still had requests
     assert 25 <= both_ready.count("a") <= 34, both_ready  # weights ~0.74 : 0.26
+
+
+async def test_a_slow_model_leaves_a_slot_for_an_active_fast_one(make):
+    """A model's second concurrent batch may not take the last free slot while another model was used
+    within ACTIVE_S (the fast one answers at once beside two held batches of the slow one); once the
+    fast model is quiet for ACTIVE_S, the slow one may use every slot."""
+    now = [100.0]
+    gate = Gate()
+    d = make(slots=2, clock=lambda: now[0])
+    slow_model = Model("slow", gate=gate)
+    slow = d.add_model("slow/1", cfg(1), slow_model, SHARE)
+    fast = d.add_model("fast/1", cfg(1), Model("fast"), SHARE)
+    await fast.submit("f0", row(1))  # fast is active from now on
+    first = await blocked(d, slow, gate)
+    second = asyncio.create_task(slow.submit("s1", row(BLOCK)))
+    await settle()
+    await settle()
+    assert slow.stats().queue_depth == 1 and len(slow_model.batches) == 1  # held: a slot stays free
+    out = await asyncio.wait_for(fast.submit("f1", row(2)), 5)  # runs beside the held batch
+    np.testing.assert_array_equal(out["OUTPUT0"], row(2)["INPUT0"] * 2 + 1)
+    assert not first.done() and slow.stats().queue_depth == 1
+    now[0] += batching.ACTIVE_S + 0.01  # fast quiet: the slow model may take the second slot
+    d.wake()
+    for _ in range(100):
+        if len(slow_model.batches) == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert len(slow_model.batches) == 2 and slow.stats().queue_depth == 0
+    gate.open()
+    await asyncio.gather(first, second)
 
 
 async def test_event_loop_stays_responsive_while_a_batch_runs(make):

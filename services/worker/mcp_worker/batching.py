@@ -8,6 +8,10 @@ Invariants:
   executor, so the loop keeps serving while a batch computes. At most ``slots`` batches run at once.
 - When several models have a ready batch, a free slot goes to the one ``StrideScheduler`` picks with
   weights from ``calculate_weights`` (DESIGN §6): every model keeps a share above zero.
+- A slow model never holds every slot while another model is in use: a model starts a second batch at
+  once only when a slot stays free for each other *active* model that runs none (active: it has queued
+  requests or had one within ``ACTIVE_S``). Alone on the worker, a model may use every slot; beside a
+  fast one, a 50 ms batch cannot make the fast model's next request wait for a slot.
 - Every admitted request is answered exactly once: its rows of the batch outputs, or an ``MCPError``
   (the batch failed, its queue deadline passed, an emergency stop or shutdown), through the ``on_done``
   callback it was queued with (``enqueue``: no task per request) or the future ``submit`` awaits. A
@@ -82,6 +86,8 @@ RunBatch = Callable[..., Tensors]
 _RECENT = 128  # batches that QueueStats averages over
 _ANSWER_CHUNK = 4  # a batch's answers per event-loop iteration
 _ERROR_BACKOFF_S = 0.05  # after an unexpected dispatcher error, so a persistent one cannot spin
+#: A model with a request this recently (seconds) keeps a slot free beside another model's batches.
+ACTIVE_S = 1.0
 
 
 def _ms(seconds: float) -> str:
@@ -214,6 +220,8 @@ class ModelQueue:
         self._metrics = metrics
         self._paused = False
         self._in_flight = self._requests_total = self._batches_total = self._errors_total = 0
+        self.running = 0  # batches of this queue running now
+        self.last_arrival = -float("inf")  # the dispatcher's clock at the latest enqueue
         self._recent: deque[tuple[int, int, float, float]] = deque(maxlen=_RECENT)
         self.totals = Totals()  # since load: ModelStatistics
 
@@ -308,6 +316,7 @@ class ModelQueue:
             queued_ns=time.time_ns() if parent is not None else 0,
         )
         self.policy.push(req)
+        self.last_arrival = now
         self._requests_total += 1
         self.drained.clear()
         self._left()
@@ -458,6 +467,7 @@ class ModelQueue:
     def begin(self, batch: list[_Pending], now: float) -> float:
         """Account a batch that starts; returns its mean queue time."""
         self._in_flight += len(batch)
+        self.running += 1
         waits = [now - r.arrival for r in batch]
         self.totals.queued(waits)
         self._metrics.observe_batch(waits, sum(r.rows for r in batch), self.config.max_batch_size)
@@ -466,6 +476,7 @@ class ModelQueue:
 
     def finish(self, batch: list[_Pending], exec_s: float, queue_s: float) -> None:
         self._in_flight -= len(batch)
+        self.running -= 1
         self._batches_total += 1
         self._recent.append((len(batch), sum(r.rows for r in batch), exec_s, queue_s))
         self._left()
@@ -676,8 +687,10 @@ class Dispatcher:
         now = self.clock()
         for queue in self._models.values():
             queue.expire(now)
+        held: set[str] = set()
         while self._busy < self.slots:
-            ready = [key for key, queue in self._models.items() if queue.policy.ready(now)]
+            held = self._held(now)
+            ready = [key for key, q in self._models.items() if key not in held and q.policy.ready(now)]
             if not ready:
                 break
             queue = self._models[self._choose(ready)]
@@ -688,10 +701,27 @@ class Dispatcher:
         free = self._busy < self.slots  # no free slot: only deadlines (and finished batches) matter
         times = [
             t
-            for queue in self._models.values()
-            if (t := queue.policy.next_wakeup() if free else queue.policy.next_expiry()) is not None
+            for key, queue in self._models.items()
+            if (t := queue.policy.next_wakeup() if free and key not in held else queue.policy.next_expiry())
+            is not None
         ]
+        if free and held:  # a held model may go on once the models it keeps a slot for are quiet
+            quiet = (q.last_arrival + ACTIVE_S for q in self._models.values() if not q.running)
+            times += [t for t in quiet if t > now]
         return max(0.0, min(times) - now) if times else None
+
+    def _held(self, now: float) -> set[str]:
+        """The models that may not start another batch now: each runs one already, and the free slots
+        are no more than the other active models that run none (they keep one each)."""
+        running = [key for key, q in self._models.items() if q.running]
+        if not running:
+            return set()
+        idle_active = sum(
+            1
+            for q in self._models.values()
+            if not q.running and (len(q.policy) or now - q.last_arrival < ACTIVE_S)
+        )
+        return set(running) if self.slots - self._busy <= idle_active else set()
 
     def _choose(self, ready: list[str]) -> str:
         load = self._busy / self.slots
