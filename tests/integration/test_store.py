@@ -456,3 +456,27 @@ async def test_a_closed_store_says_so(etcd_endpoint: str) -> None:
     await store.close()  # idempotent
     with pytest.raises(errors.FailedPrecondition):
         await store.ping()
+
+
+async def test_several_endpoints_may_be_host_names(etcd_endpoint: str, key_prefix: str) -> None:
+    """A cluster's endpoints as DNS names (etcd-0.etcd:2379, ...): names among several are resolved, and
+    a member that does not answer (port 1 here) is skipped by round robin."""
+    port = etcd_endpoint.rpartition(":")[2]
+    names = [f"{socket.gethostname()}:{port}", f"{socket.gethostname()}:1"]
+    async with EtcdStore(names, timeout=5.0) as s:
+        await until_available(s)
+        for i in range(4):  # round robin: some calls are sent while the dead address is tried too
+            await s.put(f"{key_prefix}k{i}", b"v")
+        assert [kv.key for kv in (await s.get_prefix(key_prefix)).items] == [
+            f"{key_prefix}k{i}" for i in range(4)
+        ]
+        await s.delete(key_prefix, prefix=True)
+
+
+def test_an_endpoint_name_that_does_not_resolve_is_a_clear_error() -> None:
+    with pytest.raises(
+        errors.InvalidArgument, match=r"etcd endpoint 'no-such-host\.invalid:2379': cannot resolve"
+    ):
+        EtcdStore(["127.0.0.1:2379", "no-such-host.invalid:2379"])
+    with pytest.raises(errors.InvalidArgument, match=r"etcd endpoint '127.0.0.1': expected host:port"):
+        EtcdStore(["127.0.0.1", "127.0.0.2:2379"])

@@ -9,6 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from mcp_health.config import HealthConfig
+from mcp_router.config import RouterConfig
+from mcp_scheduler.config import SchedulerConfig
+from mcp_worker.config import WorkerConfig
 from mcpcore.config import add_flags, load_config, overrides_from_args, parse_bool, parse_duration
 from mcpcore.errors import InvalidArgument
 
@@ -189,17 +193,65 @@ def test_unknown_nested_yaml_key(tmp_path: Path) -> None:
         load_config(DemoConfig, yaml_path=path)
 
 
-def test_unknown_env_var_suggests_closest() -> None:
-    with pytest.raises(InvalidArgument) as exc:
-        load_config(DemoConfig, env={"MCP_ROUTER_GRPC_PROT": "1"})
-    assert message(exc) == (
-        "router config: MCP_ROUTER_GRPC_PROT: unknown setting (did you mean 'MCP_ROUTER_GRPC_PORT'?)"
+def test_unknown_env_vars_are_ignored_with_one_warning_that_suggests_closest(caplog) -> None:
+    """Kubernetes injects MCP_ROUTER_PORT, MCP_ROUTER_SERVICE_HOST ... for a Service named mcp-router."""
+    env = {"MCP_ROUTER_GRPC_PROT": "1", "MCP_ROUTER_PORT": "tcp://10.0.0.1:8001", "MCP_ROUTER_GRPC_PORT": "9"}
+    with caplog.at_level("WARNING", logger="mcpcore.config"):
+        cfg = load_config(DemoConfig, env=env)
+    assert cfg.grpc_port == 9  # the known ones still apply
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings
+    assert warnings[0] == (
+        "router config: ignoring environment variables that name no setting: "
+        "MCP_ROUTER_GRPC_PROT (did you mean 'MCP_ROUTER_GRPC_PORT'?), "
+        "MCP_ROUTER_PORT (did you mean 'MCP_ROUTER_PORTS'?)"
     )
+
+
+def test_the_real_router_config_starts_beside_kubernetes_service_variables(caplog) -> None:
+    env = {
+        "MCP_ROUTER_PORT": "tcp://10.96.0.7:8001", "MCP_ROUTER_PORT_8001_TCP": "tcp://10.96.0.7:8001",
+        "MCP_ROUTER_SERVICE_HOST": "10.96.0.7", "MCP_ROUTER_SERVICE_PORT": "8001",
+        "MCP_ROUTER_SERVICE_PORT_GRPC": "8001", "MCP_ROUTER_ROUTER_ID": "r-0",
+    }  # fmt: skip
+    with caplog.at_level("WARNING", logger="mcpcore.config"):
+        cfg = load_config(RouterConfig, env=env, env_prefix="MCP_ROUTER_")
+    assert cfg.router_id == "r-0"
+    assert "MCP_ROUTER_SERVICE_HOST" in caplog.text
+
+
+def test_mcp_etcd_endpoints_is_read_by_every_service_below_its_own_variable() -> None:
+    shared = {"MCP_ETCD_ENDPOINTS": "etcd-0.etcd:2379,etcd-1.etcd:2379"}
+    for cls, prefix in (
+        (RouterConfig, "MCP_ROUTER_"), (SchedulerConfig, "MCP_SCHEDULER_"), (HealthConfig, "MCP_HEALTH_"),
+        (WorkerConfig, "MCP_WORKER_"),
+    ):  # fmt: skip
+        extra = {"MCP_WORKER_WORKER_ID": "w-1"} if cls is WorkerConfig else {}
+        cfg = load_config(cls, env={**shared, **extra}, env_prefix=prefix)
+        assert cfg.etcd_endpoints == ("etcd-0.etcd:2379", "etcd-1.etcd:2379"), cls
+        own = load_config(
+            cls, env={**shared, **extra, f"{prefix}ETCD_ENDPOINTS": "own:2379"}, env_prefix=prefix
+        )
+        assert own.etcd_endpoints == ("own:2379",), cls
+        flag = load_config(
+            cls, env={**shared, **extra}, env_prefix=prefix, overrides={"etcd_endpoints": "f:1"}
+        )
+        assert flag.etcd_endpoints == ("f:1",), cls
+
+
+def test_a_bad_shared_variable_names_itself() -> None:
+    @dataclass(frozen=True)
+    class WithEtcd:
+        etcd_endpoints: tuple[int, ...] = ()
+
+    with pytest.raises(InvalidArgument) as exc:
+        load_config(WithEtcd, env={"MCP_ETCD_ENDPOINTS": "a:1"})
+    assert message(exc) == "router config: MCP_ETCD_ENDPOINTS: not an integer: 'a:1'"
 
 
 def test_env_vars_of_other_services_are_ignored() -> None:
     cfg = load_config(DemoConfig, env={"MCP_WORKER_WHATEVER": "1", "MCP_ETCD_ENDPOINTS": "x"})
-    assert cfg == DemoConfig()
+    assert cfg == DemoConfig()  # it has no etcd_endpoints field: the shared variable sets nothing
 
 
 def test_bad_env_type_names_the_var() -> None:

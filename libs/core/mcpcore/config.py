@@ -7,7 +7,11 @@ Invariants:
 - Precedence is defaults < YAML < env < flags, field by field. Every value from every source is checked,
   even one a later source overrides, so a bad YAML value is never hidden by an env var.
 - Every error is an ``InvalidArgument`` naming the source (YAML file, env var, flag) and the field path;
-  unknown YAML keys and unknown env vars under the prefix are errors that suggest the closest field.
+  unknown YAML keys and flags are errors that suggest the closest field. Unknown env vars under the prefix
+  are ignored with one warning that names them (with the closest field): Kubernetes injects
+  ``MCP_ROUTER_PORT`` and the like for a Service named ``mcp-router``, and a service must still start.
+- ``SHARED_ENV`` names variables every service reads below its own prefix's: ``MCP_ETCD_ENDPOINTS`` sets
+  ``etcd_endpoints`` wherever the config has that field (``MCP_ROUTER_ETCD_ENDPOINTS`` still wins).
 - Field types: ``str``, ``int``, ``float``, ``bool``, ``tuple[X, ...]`` of those (comma separated in text),
   ``X | None``, and nested frozen dataclasses (YAML mappings; env ``PREFIX_SECTION__FIELD``). A ``float``
   field whose name ends in ``_s`` is a duration in seconds and also takes ``"250ms"``, ``"30s"``, ``"5m"``.
@@ -34,6 +38,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import logging
 import math
 import os
 import re
@@ -49,7 +54,12 @@ import yaml
 from mcpcore.errors import InvalidArgument
 from mcpcore.keys import check_name
 
-__all__ = ["add_flags", "load_config", "overrides_from_args", "parse_bool", "parse_duration"]
+__all__ = ["SHARED_ENV", "add_flags", "load_config", "overrides_from_args", "parse_bool", "parse_duration"]
+
+log = logging.getLogger(__name__)
+
+#: Variables every service reads, below its own ``MCP_<SERVICE>_...`` ones: name -> field path.
+SHARED_ENV: dict[str, tuple[str, ...]] = {"MCP_ETCD_ENDPOINTS": ("etcd_endpoints",)}
 
 T = TypeVar("T")
 Path_ = tuple[str, ...]
@@ -240,15 +250,28 @@ def _walk_yaml(cls: type, path: Path, data: Any, base: Path_, out: Raw) -> None:
             out[(*base, key)] = (value, f"{path}: {dotted}")
 
 
-def _read_env(cls: type, env: Mapping[str, str], prefix: str) -> Raw:
+def _read_shared_env(cls: type, env: Mapping[str, str]) -> Raw:
+    leaves = _leaves(cls)
+    return {path: (env[name], name) for name, path in SHARED_ENV.items() if name in env and path in leaves}
+
+
+def _read_env(cls: type, env: Mapping[str, str], prefix: str, label: str) -> Raw:
     by_name = {_env_name(prefix, p): p for p in _leaves(cls)}
     out: Raw = {}
+    unknown = []
     for name, value in env.items():
         if not name.startswith(prefix):
             continue
         if name not in by_name:
-            raise InvalidArgument(f"{name}: unknown setting{_suggest(name, by_name)}")
+            unknown.append(f"{name}{_suggest(name, by_name)}")
+            continue
         out[by_name[name]] = (value, name)
+    if unknown:
+        log.warning(
+            "%s config: ignoring environment variables that name no setting: %s",
+            label,
+            ", ".join(sorted(unknown)),
+        )
     return out
 
 
@@ -306,7 +329,8 @@ def load_config(
     """Build ``cls`` from its defaults, then ``yaml_path``, then ``env`` (vars under ``env_prefix``),
     then ``overrides`` (field name, or dotted path for nested fields, to value: see ``overrides_from_args``).
 
-    ``env`` is read only when passed (``env=os.environ`` in ``__main__``). ``name`` (default: taken from the
+    ``env`` is read only when passed (``env=os.environ`` in ``__main__``), the ``SHARED_ENV`` variables
+    first, then those under the prefix. ``name`` (default: taken from the
     prefix, ``MCP_ROUTER_`` gives ``router``) starts every error message: ``router config: ...``.
     """
     label = name or env_prefix.removeprefix("MCP_").rstrip("_").lower() or cls.__name__
@@ -316,7 +340,8 @@ def load_config(
         if yaml_path is not None:
             layers.append(_read_yaml(cls, Path(yaml_path)))
         if env is not None:
-            layers.append(_read_env(cls, env, env_prefix))
+            layers.append(_read_shared_env(cls, env))
+            layers.append(_read_env(cls, env, env_prefix, label))
         if overrides is not None:
             layers.append(_read_overrides(cls, overrides))
         values: dict[Path_, Any] = {}

@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -159,19 +160,40 @@ def _s(raw: bytes) -> str:
 
 
 def _target(endpoints: Sequence[str]) -> tuple[str, list[tuple[str, int | str]]]:
-    """The gRPC target for the endpoints: one name as is (DNS), several IPs round-robin."""
+    """The gRPC target for the endpoints: one as is (a DNS name is resolved, and re-resolved, by gRPC: in
+    Kubernetes one Service name), several round-robin over their IPv4 addresses. gRPC takes several
+    addresses only as IP literals, so host names among several are resolved here, once; under TLS the first
+    name is the one the certificate is checked against (give etcd one certificate for every member's name)
+    unless ``tls.server_name`` says otherwise."""
     eps = [e.strip().removeprefix("http://").replace("localhost", "127.0.0.1") for e in endpoints]
     if not eps or not all(eps):
         raise errors.InvalidArgument(f"etcd endpoints {list(endpoints)!r}: need at least one host:port")
     if len(eps) == 1:
         return eps[0], _CHANNEL_OPTIONS
-    # gRPC takes several addresses only as IP literals; host names would need one channel each.
+    addresses: list[str] = []
+    names: list[str] = []
     for ep in eps:
+        host, _, port = ep.rpartition(":")
+        if not host or not port.isdigit():
+            raise errors.InvalidArgument(f"etcd endpoint {ep!r}: expected host:port")
         try:
-            ipaddress.IPv4Address(ep.rpartition(":")[0])
+            ipaddress.IPv4Address(host)
+            addresses.append(ep)
+            continue
         except ValueError:
-            raise errors.InvalidArgument(f"etcd endpoint {ep!r}: several must be IPv4 addresses") from None
-    return f"ipv4:{','.join(eps)}", [*_CHANNEL_OPTIONS, ("grpc.lb_policy_name", "round_robin")]
+            names.append(host)
+        try:
+            found = socket.getaddrinfo(host, int(port), socket.AF_INET, socket.SOCK_STREAM)
+        except OSError as exc:
+            raise errors.InvalidArgument(
+                f"etcd endpoint {ep!r}: cannot resolve {host!r} ({exc}); several endpoints must be IPv4 "
+                "addresses or names that resolve now (or give one name, which gRPC resolves itself)"
+            ) from None
+        addresses += [f"{a[4][0]}:{port}" for a in found if f"{a[4][0]}:{port}" not in addresses]
+    options = [*_CHANNEL_OPTIONS, ("grpc.lb_policy_name", "round_robin")]
+    if names:
+        options.append(("grpc.ssl_target_name_override", names[0]))  # TLS: a name, not an IP, is checked
+    return f"ipv4:{','.join(addresses)}", options
 
 
 class EtcdStore(Store):
@@ -216,9 +238,9 @@ class EtcdStore(Store):
         if self._auth.user:
             token = grpc.metadata_call_credentials(self._token, name="etcd token")
             credentials = grpc.composite_channel_credentials(credentials, token)
-        return grpc.aio.secure_channel(
-            self._target, credentials, options=[*self._options, *tls.channel_options()]
-        )
+        own = tls.channel_options()  # tls.server_name, when set, is the name checked
+        options = [o for o in self._options if not (own and o[0] == "grpc.ssl_target_name_override")]
+        return grpc.aio.secure_channel(self._target, credentials, options=[*options, *own])
 
     async def _keep_token(self, auth: EtcdAuth) -> None:
         """Authenticate now, then again every _TOKEN_RENEW_S or when etcd says the token is invalid."""

@@ -11,6 +11,7 @@ certificate name before they run.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,11 +22,21 @@ from grpc_health.v1._async import HealthServicer
 from mcpcore.errors import GuardedServer
 from mcpcore.tls import Access, TLSConfig
 
-__all__ = ["DEFAULT_MAX_RECEIVE", "GrpcService"]
+__all__ = ["DEFAULT_MAX_RECEIVE", "GrpcService", "advertised_host"]
 
 #: A request larger than this is refused RESOURCE_EXHAUSTED before it is parsed (control APIs; the router
 #: and workers, which carry tensors, set their own: 64 MiB and 16 MiB).
 DEFAULT_MAX_RECEIVE = 4 << 20
+
+_WILDCARDS = frozenset({"", "0.0.0.0", "::", "[::]"})  # noqa: S104 (recognised, not bound)
+
+
+def advertised_host(bound: str, advertise: str = "") -> str:
+    """The host others dial for a port bound on ``bound``: ``advertise`` when set (a pod IP, a DNS name),
+    else ``bound``, or this machine's host name when ``bound`` is a wildcard (never ``0.0.0.0``)."""
+    if advertise:
+        return advertise
+    return socket.gethostname() if bound in _WILDCARDS else bound
 
 
 class GrpcService:

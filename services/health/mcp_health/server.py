@@ -29,7 +29,7 @@ from mcpcore.lifecycle import ReplicaLifecycle
 from mcpcore.looplag import LoopLagMonitor
 from mcpcore.metrics import CommonMetrics, start_metrics_server
 from mcpcore.mirror import PrefixMirror
-from mcpcore.serving import GrpcService
+from mcpcore.serving import GrpcService, advertised_host
 
 __all__ = ["HealthServer"]
 
@@ -106,8 +106,8 @@ class HealthServer:
         await self.grpc.set_serving()
         self.endpoints = {
             "health_id": cfg.health_id,
-            "grpc": f"{cfg.grpc_host}:{port}",
-            "metrics": f"{cfg.metrics_host}:{metrics_port}",
+            "grpc": f"{advertised_host(cfg.grpc_host, cfg.advertise_host)}:{port}",
+            "metrics": f"{advertised_host(cfg.metrics_host, cfg.advertise_host)}:{metrics_port}",
         }
         return self.endpoints
 

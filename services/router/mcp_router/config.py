@@ -20,6 +20,9 @@ class RouterConfig:
     router_id: str = ""
     grpc_host: str = "127.0.0.1"
     grpc_port: int = 8001
+    #: The host others reach this service at (a pod IP, a DNS name), published in place of the bound one;
+    #: empty: the bound host, or this machine's host name when it binds a wildcard (``0.0.0.0``).
+    advertise_host: str = ""
     #: KServe V2 over HTTP (Triton's REST API); port -1 turns it off.
     rest_host: str = "127.0.0.1"
     rest_port: int = 8000

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mcp_router.config import RouterConfig
+from mcpcore.serving import advertised_host
 
 __all__ = ["supervise"]
 
@@ -141,8 +142,9 @@ def supervise(config: RouterConfig, argv: list[str]) -> int:
         _reap(children, stopping)
         return 1
     first = children[0].ready
+    host = advertised_host(config.grpc_host, config.advertise_host)
     ready = {
-        "event": "ready", "router_id": config.router_id, "grpc": f"{config.grpc_host}:{grpc_port}",
+        "event": "ready", "router_id": config.router_id, "grpc": f"{host}:{grpc_port}",
         "metrics": first.get("metrics", ""),
         "processes": [  # as started (one started again keeps its id, and its metrics port unless 0)
             {"router_id": c.router_id, "pid": c.ready.get("pid", 0), "metrics": c.ready.get("metrics", "")}
@@ -150,7 +152,7 @@ def supervise(config: RouterConfig, argv: list[str]) -> int:
         ],
     }  # fmt: skip
     if rest_port >= 0:
-        ready["rest"] = f"{config.rest_host}:{rest_port}"
+        ready["rest"] = f"{advertised_host(config.rest_host, config.advertise_host)}:{rest_port}"
     print(json.dumps(ready), flush=True)
     log.info("serving with %d router processes on gRPC port %d", n, grpc_port)
     return _reap(children, stopping)

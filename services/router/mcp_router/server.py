@@ -41,7 +41,7 @@ from mcpcore.keys import Keyspace
 from mcpcore.looplag import LoopLagMonitor
 from mcpcore.metrics import start_metrics_server
 from mcpcore.retry import RetryBudget
-from mcpcore.serving import GrpcService
+from mcpcore.serving import GrpcService, advertised_host
 from mcpcore.signing import RecordVerifier
 from mcpcore.tls import aio_channel, load_curve_keypair
 
@@ -169,11 +169,11 @@ class RouterServer:
         self.endpoints = {
             "router_id": cfg.router_id,
             "pid": str(os.getpid()),
-            "grpc": f"{cfg.grpc_host}:{port}",
-            "metrics": f"{cfg.metrics_host}:{metrics_port}",
+            "grpc": f"{advertised_host(cfg.grpc_host, cfg.advertise_host)}:{port}",
+            "metrics": f"{advertised_host(cfg.metrics_host, cfg.advertise_host)}:{metrics_port}",
         }
         if rest_port is not None:
-            self.endpoints["rest"] = f"{cfg.rest_host}:{rest_port}"
+            self.endpoints["rest"] = f"{advertised_host(cfg.rest_host, cfg.advertise_host)}:{rest_port}"
         return self.endpoints
 
     async def stop(self) -> None:

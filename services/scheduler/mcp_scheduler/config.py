@@ -20,6 +20,9 @@ class SchedulerConfig:
     scheduler_id: str = ""
     grpc_host: str = "127.0.0.1"
     grpc_port: int = 50051
+    #: The host others reach this service at (a pod IP, a DNS name), published in place of the bound one;
+    #: empty: the bound host, or this machine's host name when it binds a wildcard (``0.0.0.0``).
+    advertise_host: str = ""
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 9102
     etcd_endpoints: tuple[str, ...] = ("127.0.0.1:2379",)

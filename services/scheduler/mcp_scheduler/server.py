@@ -27,7 +27,7 @@ from mcpcore.etcd_store import EtcdStore
 from mcpcore.keys import Keyspace
 from mcpcore.looplag import LoopLagMonitor
 from mcpcore.metrics import CommonMetrics, start_metrics_server
-from mcpcore.serving import GrpcService
+from mcpcore.serving import GrpcService, advertised_host
 
 __all__ = ["Scheduler"]
 
@@ -134,8 +134,8 @@ class Scheduler:
         await self.grpc.set_serving()
         self.endpoints = {
             "scheduler_id": cfg.scheduler_id,
-            "grpc": f"{cfg.grpc_host}:{port}",
-            "metrics": f"{cfg.metrics_host}:{metrics_port}",
+            "grpc": f"{advertised_host(cfg.grpc_host, cfg.advertise_host)}:{port}",
+            "metrics": f"{advertised_host(cfg.metrics_host, cfg.advertise_host)}:{metrics_port}",
         }
         return self.endpoints
 

@@ -55,7 +55,7 @@ from mcpcore.keys import Keyspace, ReplicaId
 from mcpcore.lifecycle import ReplicaLifecycle, ReplicaState
 from mcpcore.looplag import LoopLagMonitor
 from mcpcore.metrics import RequestMetrics, start_metrics_server
-from mcpcore.serving import GrpcService
+from mcpcore.serving import GrpcService, advertised_host
 from mcpcore.signing import RecordSigner, payload
 from mcpcore.tls import load_curve_keypair
 from mcpcore.windows import WindowPublisher, Windows
@@ -249,9 +249,9 @@ class Worker:
         host = cfg.advertise_host
         self.endpoints = {
             "worker_id": cfg.worker_id,
-            "grpc": f"{host or cfg.grpc_host}:{port}",
+            "grpc": f"{advertised_host(cfg.grpc_host, host)}:{port}",
             "zmq": _advertised(zmq_endpoint, host),
-            "metrics": f"{host or cfg.metrics_host}:{metrics_port}",
+            "metrics": f"{advertised_host(cfg.metrics_host, host)}:{metrics_port}",
         }
         self.manager.set_info(
             {"zmq": zmq_endpoint, "grpc": self.endpoints["grpc"], "incarnation": self.incarnation}
@@ -478,6 +478,7 @@ def _request_args(h: tensor_pb2.TensorHeader) -> dict[str, Any]:
 
 def _advertised(endpoint: str, host: str) -> str:
     """``tcp://0.0.0.0:5561`` as others must dial it (``tcp://worker-1:5561``); ipc:// stays as it is."""
-    if not host or not endpoint.startswith("tcp://"):
+    if not endpoint.startswith("tcp://"):
         return endpoint
-    return f"tcp://{host}:{endpoint.rsplit(':', 1)[1]}"
+    bound, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+    return f"tcp://{advertised_host(bound, host)}:{port}"
