@@ -8,10 +8,10 @@ STAMP := $(VENV)/.installed
 TOOLS := .tools
 PERF_ANALYZER := $(TOOLS)/perf/.installed
 
-.PHONY: help setup constraints proto proto-check native lint test up down status bench models certs chaos gpu-check compose-config clean
+.PHONY: help setup constraints proto proto-check native lint test up down status bench models certs chaos gpu-check compose-config k8s-validate clean
 
 help:
-	@echo "make setup | proto | proto-check | native | lint | test | up | down | bench | models | certs | chaos | gpu-check | compose-config"
+	@echo "make setup | proto | proto-check | native | lint | test | up | down | bench | models | certs | chaos | gpu-check | compose-config | k8s-validate"
 
 # etcd (and etcdctl, faketime for the tests) from Debian's packages when missing, then the venv with the project (editable) and its dev tools.
 setup: $(STAMP) $(PERF_ANALYZER)
@@ -94,6 +94,12 @@ compose-config:
 	@command -v docker-compose >/dev/null || tools/install-system-deps.sh docker-compose
 	docker-compose -f deploy/compose/docker-compose.yml config -q
 	@echo "deploy/compose/docker-compose.yml is valid"
+
+# Render deploy/k8s's overlays (tools/k8s_render.py: the kustomize subset they use) and validate every object
+# offline against the Kubernetes schemas (kubernetes-validate, strict); tests/unit/test_k8s_manifests.py
+# runs the same in make test, with checks of what the objects say.
+k8s-validate: $(STAMP)
+	$(PY) tools/k8s_render.py --check
 
 # A test CA, every service's, operator's, application's and worker's certificate, CURVE keys (README
 # "Securing a cluster"); CERTS_WORKERS names the workers' ids.
