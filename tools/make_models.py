@@ -24,6 +24,11 @@ level 2 drops, saving the head's work. Dense weights are stored ``[in, out]`` (`
                              holding ``INDEX`` INT32 ``[1]`` = i and ``TEXT`` BYTES ``[1]`` = "chunk i";
                              request parameter ``delay_ms`` paces them
     keyring.json             the demo key, id ``demo-key``, mode 0600
+    <model>/<version>/manifest.json  every file of that version with its sha256 and size, and
+    index.json               every model and version in ``--out`` (``mcp_worker.manifest``): what a remote
+                             repository (an http(s):// server or s3:// bucket holding a copy of ``--out``)
+                             needs; ``python -m mcp_worker.repository publish DIR`` rewrites both for any
+                             folder after it changes
 
 The demo key is derived from a fixed public string, so it is NOT a secret: it exists so that the encrypted
 demo loads out of the box. Never use it (or this script's keyring) for a real model; make real keys with
@@ -31,9 +36,10 @@ demo loads out of the box. Never use it (or this script's keyring) for a real mo
 
 Invariants: no downloads, no clocks, fixed seeds (``np.random.default_rng``): every file is byte-for-byte
 the same on every run, except ``demo-mlp-enc/1/weights.safetensors.enc``, whose GCM nonce
-``mcpcore.crypto`` draws at random per file, as it must. ``make_models`` returns the sha256 of each file
-written, keyed by its path relative to ``--out``. Without ``--force`` an existing demo model is an error;
-with it, only the demo models' directories and the keyring are replaced, never anything else in ``--out``.
+``mcpcore.crypto`` draws at random per file, as it must, and the manifest that lists it
+(``VARYING_FILES``). ``make_models`` returns the sha256 of each file written, keyed by its path relative to
+``--out``. Without ``--force`` an existing demo model is an error; with it, only the demo models'
+directories, the keyring and ``index.json`` are replaced, never anything else in ``--out``.
 """
 
 from __future__ import annotations
@@ -51,11 +57,12 @@ import safetensors.numpy
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
+from mcp_worker.manifest import INDEX, MANIFEST, index_document, manifest_document, scan
 from mcpcore.crypto import encrypt_model_bytes, write_keyring
 
 __all__ = [
-    "DEMO_KEY_ID", "DEMO_MODELS", "ENCRYPTED_FILES", "FAULT_RATIO_FILE", "demo_key", "make_models",
-    "mlp_weights",
+    "DEMO_KEY_ID", "DEMO_MODELS", "ENCRYPTED_FILES", "FAULT_RATIO_FILE", "VARYING_FILES", "demo_key",
+    "make_models", "mlp_weights",
 ]  # fmt: skip
 
 IN_DIM, HIDDEN, OUT_DIM = 64, 256, 16
@@ -71,6 +78,8 @@ DEMO_MODELS = (
 FAULT_RATIO_FILE = "fault_ratio"
 #: Files that differ run to run (a random nonce); everything else is deterministic.
 ENCRYPTED_FILES = ("demo-mlp-enc/1/weights.safetensors.enc",)
+#: ... and with them the manifests that list them.
+VARYING_FILES = (*ENCRYPTED_FILES, f"demo-mlp-enc/1/{MANIFEST}")
 ONNX_OPSET = 17
 ONNX_IR_VERSION = 8  # the IR version of opset 17; onnxruntime 1.31 loads up to IR 11
 SLOW_MS = 50.0
@@ -267,7 +276,19 @@ def _files() -> dict[str, bytes]:
             "memory_bytes": 64 << 10,
         }
     )
-    return files
+    return _with_manifests(files)
+
+
+def _with_manifests(files: dict[str, bytes]) -> dict[str, bytes]:
+    """``files`` and the manifest of each model version among them."""
+    versions: dict[tuple[str, str], dict[str, bytes]] = {}
+    for rel, data in files.items():
+        model, version, name = rel.split("/")
+        versions.setdefault((model, version), {})[name] = data
+    out = dict(files)
+    for (model, version), contents in versions.items():
+        out[f"{model}/{version}/{MANIFEST}"] = manifest_document(model, version, contents)
+    return out
 
 
 def make_models(out: Path, *, force: bool = False) -> dict[str, str]:
@@ -286,6 +307,8 @@ def make_models(out: Path, *, force: bool = False) -> dict[str, str]:
         path.write_bytes(data)
     write_keyring(out / KEYRING, {DEMO_KEY_ID: demo_key()})  # demo key only: see the module docstring
     files[KEYRING] = (out / KEYRING).read_bytes()
+    files[INDEX] = index_document(scan(out))  # every model in --out, the demo's and any others
+    (out / INDEX).write_bytes(files[INDEX])
     return {rel: hashlib.sha256(data).hexdigest() for rel, data in sorted(files.items())}
 
 

@@ -20,8 +20,19 @@ __all__ = ["WorkerConfig"]
 class WorkerConfig:
     #: Unique id of this worker in the mesh (etcd key ``/mcp/workers/<id>``).
     worker_id: str = ""
-    #: Model repository: ``<repo>/<model>/<version>/model.yaml``.
+    #: Model repository: ``<repo>/<model>/<version>/model.yaml`` plus its weights. A folder (``models``,
+    #: ``file:///srv/models``), or a URL every worker host reads the same models from: ``http://`` /
+    #: ``https://host/models`` (a user and password in the URL go as Basic auth and are never logged) or
+    #: ``s3://bucket/prefix`` (boto3; ``AWS_ENDPOINT_URL`` for MinIO/Ceph, ``AWS_ACCESS_KEY_ID``,
+    #: ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``). A URL repository is listed by ``<repo>/index.json``
+    #: and each version needs ``<model>/<version>/manifest.json`` (every file's sha256 and size; a folder's
+    #: is checked when present): ``python -m mcp_worker.repository publish DIR`` writes both.
     repository: str = "models"
+    #: URL repositories only: where downloaded files are kept, by sha256 (relative paths are from the
+    #: worker's working directory), and how many bytes of them at most (least recently used go first; a
+    #: file larger than the whole cache cannot load). Encrypted files stay encrypted there.
+    repository_cache: str = ".run/model-cache"
+    repository_cache_bytes: int = 10 << 30
     #: Keyring file for encrypted models (never stored in etcd, never logged).
     keyring: str = ""
     etcd_endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
@@ -119,6 +130,10 @@ class WorkerConfig:
             raise ValueError(f"drain_timeout_s: must be >= 0, got {self.drain_timeout_s}")
         if not 0 < self.zmq_heartbeat_s < self.zmq_heartbeat_timeout_s:
             raise ValueError("zmq_heartbeat_timeout_s: must be above zmq_heartbeat_s (both > 0)")
+        if self.repository_cache_bytes <= 0:
+            raise ValueError(f"repository_cache_bytes: must be > 0, got {self.repository_cache_bytes}")
+        if not self.repository_cache:
+            raise ValueError("repository_cache: must name a directory")
         if self.dedup_window < 1:
             raise ValueError(f"dedup_window: must be >= 1, got {self.dedup_window}")
         for label in self.labels:

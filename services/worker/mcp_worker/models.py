@@ -3,7 +3,9 @@
 Invariants:
 - Every state change of a replica is written to etcd through ``ReplicaLifecycle`` (compare-and-swap), in
   the order of DESIGN.md section 5. Work that must precede a state (loading and warming up before READY,
-  releasing memory before IDLE) happens before the write; a failed load ends in ERROR with its reason.
+  releasing memory before IDLE) happens before the write; a failed load ends in ERROR with its reason, and
+  so does a model.yaml that is there but cannot be read (a remote repository unreachable or refusing, a
+  file unlike its manifest); a version absent from the repository, or an invalid model.yaml, records nothing.
 - Memory is reserved before anything is loaded (declared bytes), then adjusted to the measured bytes; a load
   that does not fit raises ``ResourceExhausted`` and loads nothing.
 - Unload waits for the requests already admitted for that replica (the dispatcher's reference count), so
@@ -288,9 +290,20 @@ class ModelManager:
     async def _load(self, rid: ReplicaId, overrides: LoadOverrides | None) -> Replica:
         name = f"{rid.model}/{rid.version}"
         loop = asyncio.get_running_loop()
-        config = _apply(
-            await loop.run_in_executor(None, self._repo.config, rid.model, rid.version), overrides
-        )
+        try:
+            config = _apply(
+                await loop.run_in_executor(None, self._repo.config, rid.model, rid.version), overrides
+            )
+        except MCPError as exc:
+            if not isinstance(exc, (NotFound, InvalidArgument)):
+                # the version is there but could not be read (a remote repository unreachable or refusing,
+                # a file that does not match its manifest): ERROR with the reason, as a failed load
+                try:
+                    await self._fresh_record(rid)
+                    await self._fail(rid, f"load failed: {_describe(exc)}")
+                except MCPError as err:  # etcd may be down too: the caller still gets the load's error
+                    log.warning("could not record %s as ERROR: %s", rid, err)
+            raise
         async with self._admission:
             self.budget.reserve(name, config.memory_bytes)  # nothing loaded, nothing written yet if full
         try:

@@ -146,7 +146,12 @@ class Worker:
         keyring = Keyring.load(config.keyring) if config.keyring else None
         self.manager = ModelManager(
             worker_id=config.worker_id,
-            repository=ModelRepository(Path(config.repository), keyring),
+            repository=ModelRepository(
+                config.repository,
+                keyring,
+                cache_dir=config.repository_cache,
+                cache_bytes=config.repository_cache_bytes,
+            ),
             lifecycle=ReplicaLifecycle(self.store, self.keys),
             dispatcher=self.dispatcher,
             budget=MemoryBudget(config.memory_capacity_bytes, owner=f"worker {config.worker_id}"),
