@@ -96,7 +96,6 @@ def test_worker_loads_from_http_caches_and_fails_a_tampered_model_into_error(
 
 
 def test_worker_loads_an_encrypted_model_from_s3(demo: Path, tmp_path: Path, etcd_endpoint: str) -> None:
-    pytest.importorskip("moto.server", reason="moto[server] is a test-only dependency")
     shutil.copytree(demo, tmp_path / "www" / "models")  # the keyring the worker reads
     with S3Server() as s3:
         s3.upload(demo, "fleet-models", "mesh", only=("index.json", "demo-mlp-enc/1"))

@@ -324,7 +324,6 @@ def test_publish_check_and_list_on_the_command_line(demo: Path, tmp_path: Path, 
 
 @pytest.fixture(scope="module")
 def s3(demo: Path) -> Iterator[S3Server]:
-    pytest.importorskip("moto.server", reason="moto[server] is a test-only dependency")
     with S3Server() as server:
         only = ("index.json", "demo-mlp-enc/1", "demo-onnx/2", "demo-mlp/1", "demo-mlp/2")
         server.upload(demo, "mcp-models", "fleet/v1", only=only)
