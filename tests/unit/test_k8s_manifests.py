@@ -55,7 +55,6 @@ SERVICES: dict[str, tuple[str, type, str]] = {
 SHARED = {*SHARED_ENV, "MCP_LOG_LEVEL", "MCP_LOG_FORMAT"}
 #: Settings another change is adding right now: tolerated while the field does not exist yet (then checked
 #: like any other). Remove an entry once its field has landed.
-PENDING = {"MCP_WORKER_REPOSITORY_CACHE": "model repositories at URLs (s3://, https://) with a local cache"}
 FAKE_POD_IP = "10.1.2.3"
 
 
@@ -201,14 +200,9 @@ def _loaded(rendered, tmp_path, monkeypatch):
             problems: list[str] = []
             env = _resolve_env(objects, workload, container, problems)
             assert not problems, problems
-            env = {k: v for k, v in env.items() if not (k in PENDING and k not in _all_field_names())}
             config = _load(service, _materialize(env, tmp_path / overlay), container["args"][1:], monkeypatch)
             out.append((overlay, workload, container, service, config))
     return out
-
-
-def _all_field_names() -> set[str]:
-    return set().union(*(_field_env_names(cls, prefix) for _, cls, prefix in SERVICES.values()))
 
 
 # --- the schemas -----------------------------------------------------------------------------------------
@@ -360,7 +354,7 @@ def test_every_mcp_variable_is_a_config_field_of_its_service(rendered):
                         continue
                     if service is None:
                         wrong.append(f"{where}: an MCP_ variable in a container that runs no mesh service")
-                    elif name not in fields[service] and name not in PENDING:
+                    elif name not in fields[service]:
                         prefix = SERVICES[service][2]
                         why = "no such field" if name.startswith(prefix) else f"not under {prefix}"
                         wrong.append(f"{where}: {why}")
