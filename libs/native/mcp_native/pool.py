@@ -30,7 +30,15 @@ from numpy.typing import DTypeLike
 
 __all__ = ["LIBRARY", "Block", "Pool", "PoolExhausted", "PoolStats", "available"]
 
-LIBRARY = Path(__file__).resolve().parents[1] / "build" / "libmcp_mempool.so"
+
+def _library_path() -> Path:
+    """Next to this module where an install put it (the compose image does), else the checkout's build/."""
+    here = Path(__file__).resolve().parent
+    packaged = here / "libmcp_mempool.so"
+    return packaged if packaged.is_file() else here.parent / "build" / "libmcp_mempool.so"
+
+
+LIBRARY = _library_path()
 ALIGNMENTS = (64, 4096)
 _OK, _EFOREIGN, _EDOUBLE = 0, -1, -2
 
