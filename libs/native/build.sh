@@ -25,6 +25,7 @@ build_lib() {
     local tmp
     tmp="$(mktemp "$BUILD/.libmcp_mempool.so.XXXXXX")"
     "$CC" "${CFLAGS_COMMON[@]}" -fPIC -shared -o "$tmp" "$SRC"
+    chmod 755 "$tmp" # mktemp made it 0600: a library others (a container's service user) load
     mv -f "$tmp" "$out"
     echo "built $out"
 }
