@@ -183,12 +183,18 @@ class Host:
             raise RuntimeError(f"{self.name}: {' '.join(args)}: {done.stderr.strip()}")
         return done.stdout
 
-    def cut(self) -> None:
-        """Drop every packet in and out of this host (both directions), loopback excepted."""
+    def cut(self, port: int | None = None) -> None:
+        """Drop every packet in and out of this host (both directions), loopback excepted; with ``port``,
+        only TCP to and from that port (etcd's peer port: a member cut off from its peers, not clients)."""
+        if port is None:
+            rules = [["-j", "DROP"]]
+        else:
+            rules = [["-p", "tcp", side, str(port), "-j", "DROP"] for side in ("--dport", "--sport")]
         for chain, iface in (("INPUT", "-i"), ("OUTPUT", "-o")):
             self.run("iptables", "-w", "-A", chain, iface, "lo", "-j", "ACCEPT")
-            self.run("iptables", "-w", "-A", chain, "-j", "DROP")
-        self.cut_off = True
+            for rule in rules:
+                self.run("iptables", "-w", "-A", chain, *rule)
+        self.cut_off = port is None
 
     def heal(self) -> None:
         for chain in ("INPUT", "OUTPUT"):
