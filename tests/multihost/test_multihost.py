@@ -244,6 +244,7 @@ class Drill:
         self.phase(f"converged: {MODEL} 4/4 RUNNING on {sorted(r['worker'] for r in model['replicas'])}")
 
 
+@pytest.mark.timeout(300)
 @pytest.mark.xfail(
     strict=True,
     reason="mcpcore.etcd_store opens watches without etcd's require-leader metadata (hasleader: true, "
