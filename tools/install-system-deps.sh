@@ -5,6 +5,7 @@
 #   promtool  (package prometheus) — with the argument "promtool": checks the shipped alert rules
 #   docker-compose (package docker-compose) — with the argument "docker-compose": validates deploy/compose
 #   libb64    (package libb64-0d) — with the argument "libb64": Triton's perf_analyzer links it
+#   iptables  (package iptables) — with the argument "iptables": make multihost cuts hosts off with it
 set -euo pipefail
 sudo=""
 if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
@@ -16,6 +17,11 @@ install() {
 if [ "${1:-etcd}" = docker-compose ]; then
     command -v docker-compose >/dev/null 2>&1 || install docker-compose
     command -v docker-compose >/dev/null
+    exit 0
+fi
+if [ "${1:-etcd}" = iptables ]; then
+    command -v iptables >/dev/null 2>&1 || install iptables
+    command -v iptables >/dev/null
     exit 0
 fi
 if [ "${1:-etcd}" = libb64 ]; then

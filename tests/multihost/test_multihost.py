@@ -25,9 +25,9 @@ and asserts no request failed, no answer was wrong, the status converged after e
 replica RUNNING on live, registered workers that hold it: ``HostMesh.divergence``, then ``mcpctl status``
 from the client host), and at the end that no namespace, link or process of the run is left.
 
-Also here: a watch through the three members while each in turn is cut off from its peers (an ``xfail``
-naming the store's missing require-leader metadata: it turns into a failure once fixed, to drop the mark),
-and the sweep that removes what a run killed with ``kill -9`` left behind.
+Also here: a watch through the three members while each in turn is cut off from its peers (the store
+opens watches with etcd's require-leader metadata, so a leaderless member ends them and they resume on
+another member), and the sweep that removes what a run killed with ``kill -9`` left behind.
 
 ``MCP_MULTIHOST_HOLD_S`` (default 20) is how long each fault holds. Needs root, ``ip``, ``iptables`` and
 etcd; otherwise the tests skip with the reason, or fail when ``MCP_REQUIRE_NETNS=1``.
@@ -245,12 +245,6 @@ class Drill:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(
-    strict=True,
-    reason="mcpcore.etcd_store opens watches without etcd's require-leader metadata (hasleader: true, "
-    "clientv3.WithRequireLeader): a watch on a member cut off from its peers stays open and silent until "
-    "the partition heals, instead of failing over to a member with a leader",
-)
 def test_watch_fails_over_from_a_member_cut_off_from_its_peers(mesh: HostMesh, network: Network) -> None:
     """One EtcdStore over the three members, as every service has; each member in turn is cut off from
     its peers (its peer port dropped; clients still reach it) until it has no leader. A watch must go on

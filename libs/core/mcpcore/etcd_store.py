@@ -17,8 +17,10 @@ Invariants:
   stream (not etcd3aio's ``watch``, which resumes from the last response header: a created or progress
   response, or a catch-up batch cut at 1000 revisions, would make it skip events). etcd never splits one
   revision across responses, so resuming at last + 1 loses and repeats nothing. A (re)opened watch whose
-  store is behind the last revision yielded raises ``StoreRewound`` (etcd would otherwise wait, silently,
-  for a revision that a restored or emptied etcd reaches only much later, with other data).
+  store is behind the last revision yielded, and a linearizable read too, raises ``StoreRewound`` (etcd
+  would otherwise wait, silently, for a revision that a restored or emptied etcd reaches only much later,
+  with other data); a member merely a little behind the others is not that. Watches require a leader: a
+  member cut off from its peers ends them, and they resume on another member.
 - A ``keep_alive`` refresher sets ``lost`` once etcd says the lease is gone, or once it could not reach
   etcd for a whole TTL; until then it retries, logging, and never dies silently.
 - Security (``EtcdAuth``): TLS to etcd (its CA; a client certificate where etcd asks for one), and etcd's
@@ -153,6 +155,9 @@ class _Token(grpc.AuthMetadataPlugin):
 
 def _b(data: str | bytes) -> bytes:
     return data.encode("utf-8", "surrogateescape") if isinstance(data, str) else bytes(data)
+
+
+_REQUIRE_LEADER = (("hasleader", "true"),)
 
 
 def _s(raw: bytes) -> str:
@@ -475,7 +480,9 @@ class EtcdStore(Store):
                 if next_rev == 0:
                     next_rev = await self.ping() + 1  # pin "now", so a reconnect cannot skip ahead
                 call, resp = await self._open_watch(prefix, next_rev)
-                if resp.header.revision < next_rev - 1:  # behind what was yielded: restored, or emptied
+                if resp.header.revision < next_rev - 1 and await self.ping() < next_rev - 1:
+                    # behind what was yielded, and so is a linearizable read (not only a member that lags
+                    # a few milliseconds behind the one an earlier call reached): restored, or emptied
                     raise StoreRewound(resp.header.revision, next_rev - 1)
                 if failing:
                     log.info("watch on %r resumed at revision %d", prefix, next_rev)
@@ -505,7 +512,9 @@ class EtcdStore(Store):
         create = WatchCreateRequest(
             key=raw, range_end=prefix_range_end(raw), start_revision=start, prev_kv=True
         )
-        call = WatchStub(channel).Watch()
+        # etcd's require-leader (clientv3.WithRequireLeader): a member cut off from its peers closes the
+        # stream ("no leader", UNAVAILABLE) instead of keeping it open and silent; the watch resumes elsewhere
+        call = WatchStub(channel).Watch(metadata=_REQUIRE_LEADER)
         try:
             with self._calling():
                 with contextlib.suppress(asyncio.InvalidStateError):  # the call failed: read() says why
