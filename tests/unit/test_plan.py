@@ -405,7 +405,7 @@ def views(draw):
     return view, in_flight, backoff, extra
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(views())
 def test_plan_properties(case):
     view, in_flight, backoff, extra = case
@@ -459,7 +459,7 @@ def _apply(view, p):
     return replace(view, replicas=replicas, routing=routing, now=view.now + 1)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(views())
 def test_plans_reach_a_fixed_point(case):
     view, _, _, extra = case

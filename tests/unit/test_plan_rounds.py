@@ -213,7 +213,7 @@ def _routed_running(v: ClusterView, in_flight) -> dict[tuple[str, str], int]:  #
     return out
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(clusters(), st.data())
 def test_rounds_with_a_slow_failing_executor_keep_memory_and_routed_copies_safe(case, data):
     v, events = case
