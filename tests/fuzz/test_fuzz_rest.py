@@ -232,6 +232,12 @@ def _doc(datatype: bytes, data: bytes) -> bytes:
         pytest.param(_doc(b'"INT64"', b"[" + b"9" * 5000 + b"]"), id="5000-digit-int"),
         pytest.param(_doc(b'"FP32"', b"[" * 5000 + b"1" + b"]" * 5000), id="deep-data"),
         pytest.param(b"\xff\xfe\x00", id="not-utf8"),
+        # a 10 kB name quoted twice once made a 20 kB message (found by make chaos's fuzz run)
+        pytest.param(
+            b'{"inputs": [{"name": "' + b"x" * 10_000 + b'", "datatype": "' + b"x" * 10_000 + b'", '
+            b'"shape": [0, 64], "data": []}]}',
+            id="10k-name-and-datatype",
+        ),
     ],
 )  # fmt: skip
 def test_known_hostile_bodies(mesh, rest, expected, body: bytes) -> None:  # type: ignore[no-untyped-def]

@@ -50,3 +50,12 @@ def test_error_classes_for_the_breaker(err, cls):
 def test_code_names_from_json_documents_map_back():
     assert type(errors.error_for_code("RESOURCE_EXHAUSTED", "m")) is errors.ResourceExhausted
     assert errors.error_for_code("NO_SUCH_CODE", "m").code is grpc.StatusCode.UNKNOWN
+
+
+def test_a_message_quoting_a_hostile_name_is_cut_in_the_middle():
+    name = "x" * 10_000
+    err = errors.InvalidArgument(f"input {name}: unknown datatype 'FP99'")
+    assert len(err.message) < errors.MAX_MESSAGE_CHARS + 100
+    assert err.message.startswith("input xxx") and err.message.endswith("unknown datatype 'FP99'")
+    assert "characters cut" in err.message
+    assert errors.InvalidArgument("short").message == "short"

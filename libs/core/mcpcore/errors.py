@@ -21,6 +21,7 @@ import grpc.aio
 __all__ = [
     "CODE_TO_ERROR",
     "HTTP_STATUS",
+    "MAX_MESSAGE_CHARS",
     "NOT_STARTED_METADATA",
     "SERVER_SIDE_CLASSES",
     "Aborted",
@@ -47,6 +48,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: The longest message an error carries. A message quoting a client's hostile name (10 kB of it) keeps
+#: its start and end, so it stays a line a person can read, and a reply stays small.
+MAX_MESSAGE_CHARS = 2000
+
 
 class MCPError(Exception):
     """Base of every error mcpmesh reports on purpose. ``message`` is shown to the caller as is."""
@@ -60,6 +65,9 @@ class MCPError(Exception):
     not_started: bool = False
 
     def __init__(self, message: str) -> None:
+        if len(message) > MAX_MESSAGE_CHARS:
+            keep = MAX_MESSAGE_CHARS // 2
+            message = f"{message[:keep]} ... ({len(message) - 2 * keep} characters cut) ... {message[-keep:]}"
         super().__init__(message)
         self.message = message
 
