@@ -423,7 +423,8 @@ def test_status_watch_redraws_until_ctrl_c(mesh: dict[str, Any]) -> None:
     terminal = Terminal(*mesh["args"], "status", "--watch", "0.1", stdout=True)
     wait_for(lambda: terminal.shown().count("Ctrl-C to stop") >= 2, what="a second frame on the terminal")
     terminal.proc.send_signal(signal.SIGINT)
-    assert terminal.finish()[0] == 0
+    code = terminal.finish()[0]
+    assert code == 0, f"exit {code} after Ctrl-C; the terminal's last lines: {terminal.shown()[-3000:]!r}"
     last = frames(terminal.shown())[-1]
     assert (
         "every 0.1s, Ctrl-C to stop" in last and "demo-slow" in last and "Traceback" not in terminal.shown()
