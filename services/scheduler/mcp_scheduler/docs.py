@@ -286,7 +286,7 @@ def parse_worker(worker_id: str, record_raw: bytes, load_raw: bytes | None, drai
     rec = _Doc(f"worker record of {worker_id}", record_raw)
     if rec.get("worker_id", worker_id) != worker_id:
         rec.fail("worker_id", f"names {_show(rec.body['worker_id'])} but the key is for {worker_id!r}")
-    stopped, last_beat = False, 0.0
+    stopped, last_beat, measured = False, 0.0, None
     if load_raw is not None:
         load = _Doc(f"load report of {worker_id}", load_raw)
         flag = load.get("stopped", "")
@@ -294,6 +294,8 @@ def parse_worker(worker_id: str, record_raw: bytes, load_raw: bytes | None, drai
             load.fail("stopped", f"expected the stop reason (a string), got {_show(flag)}")
         stopped = bool(flag)
         last_beat = load.float_("last_beat", 0.0)
+        if load.get("device_free_bytes", None) is not None:  # absent or null: not measured
+            measured = load.int_("device_free_bytes", lo=0)
     return WorkerInfo(
         id=worker_id,
         grpc=rec.str_("grpc"),
@@ -304,6 +306,7 @@ def parse_worker(worker_id: str, record_raw: bytes, load_raw: bytes | None, drai
         draining=draining or bool(rec.body.get("draining")),  # a drain key, or the worker stopping
         last_beat=last_beat,
         incarnation=str(rec.body.get("incarnation", "")),
+        measured_free_bytes=measured,
     )
 
 

@@ -5,7 +5,8 @@ Invariants:
 - A chosen worker is registered, not stopped, not draining, carries every required label, holds no record
   of the (model, version) yet, is not excluded, and has ``free >= need_bytes`` where free counts every
   recorded replica (measured bytes, else the model's declared bytes), UNLOADING ones included, and the
-  caller's reservations.
+  caller's reservations. Where the worker's load report measured its GPU's free memory (NVML), free is at
+  most that figure less the reservations: memory other processes hold on the device is not ours to use.
 - A worker that fits only once its UNLOADING replicas are gone is ``waiting``: no load now (the memory is
   still held), and no eviction for that copy either (the room is coming: evicting more would cascade).
 - Evictions only ever name replicas of models with a strictly lower spec priority, in READY, RUNNING or
@@ -61,14 +62,17 @@ def free_bytes(
     reserved: Mapping[str, int] | None = None,
     used: Mapping[str, int] | None = None,
 ) -> int:
-    """Capacity less recorded replicas (``used``: their sum per worker, when the caller has it) and
-    ``reserved``."""
-    held = (
-        used[worker.id]
-        if used is not None
-        else sum(replica_bytes(view, r) for r in view.replicas_on(worker.id))
-    )
-    return worker.capacity_bytes - held - (reserved if reserved is not None else {}).get(worker.id, 0)
+    """Capacity less recorded replicas (``used``: their sum per worker, when the caller has it), at most
+    the measured free device memory, less ``reserved``."""
+    free = worker.capacity_bytes - _held(view, worker.id, used)
+    measured = worker.measured_free_bytes
+    if measured is not None and measured < free:
+        free = measured
+    return free - (reserved if reserved is not None else {}).get(worker.id, 0)
+
+
+def _held(view: ClusterView, worker: str, used: Mapping[str, int] | None) -> int:
+    return used[worker] if used is not None else sum(replica_bytes(view, r) for r in view.replicas_on(worker))
 
 
 def unloading_bytes(view: ClusterView, worker: str) -> int:
@@ -118,9 +122,9 @@ def place(
     missing = count - len(chosen) - len(waiting) - covered
     if missing <= 0:
         return Placement(workers=chosen, waiting=waiting, evictions=evictions)
-    used = sorted({*chosen, *waiting, *(k[2] for k in evictions)})
-    unused = {w: f for w, f in soon.items() if w not in used}
-    return Placement(chosen, waiting, evictions, _shortfall(view, ask, missing, unused, used))
+    taken = sorted({*chosen, *waiting, *(k[2] for k in evictions)})
+    unused = {w: f for w, f in soon.items() if w not in taken}
+    return Placement(chosen, waiting, evictions, _shortfall(view, ask, missing, unused, taken, used=used))
 
 
 @dataclass(frozen=True)
@@ -151,7 +155,11 @@ def _eligible_free(
         if (ask.model, ask.version, w.id) in replicas:
             continue
         held = used[w.id] if used is not None else sum(replica_bytes(view, r) for r in view.replicas_on(w.id))
-        free[w.id] = w.capacity_bytes - held - reserved.get(w.id, 0)
+        room = w.capacity_bytes - held
+        measured = w.measured_free_bytes
+        if measured is not None and measured < room:  # other processes hold memory on its GPU
+            room = measured
+        free[w.id] = room - reserved.get(w.id, 0)
     return free
 
 
@@ -234,8 +242,17 @@ def _serving(view: ClusterView, worker: str) -> bool:
 # --- shortfall -------------------------------------------------------------------------------------------
 
 
-def _shortfall(view: ClusterView, ask: _Ask, missing: int, free: Mapping[str, int], used: list[str]) -> str:
-    """Why ``missing`` copies found no room: ``free`` has the eligible workers not used for other copies."""
+def _shortfall(
+    view: ClusterView,
+    ask: _Ask,
+    missing: int,
+    free: Mapping[str, int],
+    taken: list[str],
+    *,
+    used: Mapping[str, int] | None,
+) -> str:
+    """Why ``missing`` copies found no room: ``free`` has the eligible workers not taken for other copies
+    (``used``: as ``place`` got it)."""
     head = f"cannot place {ask.model}/{ask.version} ({missing} more {'copy' if missing == 1 else 'copies'})"
     if not view.workers:
         return f"{head}: no worker is registered"
@@ -243,14 +260,23 @@ def _shortfall(view: ClusterView, ask: _Ask, missing: int, free: Mapping[str, in
     if not labelled:
         return f"{head}: no worker carries labels {_labels(ask.labels)}"
     if not free:
-        reasons = sorted(f"{w.id} {_why_not(view, w, ask)}" for w in labelled if w.id not in used)
-        what = f"no other eligible worker than {', '.join(used)}" if used else "no eligible worker"
+        reasons = sorted(f"{w.id} {_why_not(view, w, ask)}" for w in labelled if w.id not in taken)
+        what = f"no other eligible worker than {', '.join(taken)}" if taken else "no eligible worker"
         return f"{head}: {what}" + (f": {_listing(reasons)}" if reasons else "")
     needs = f"needs {format_bytes(ask.need)}" + (f" with labels {_labels(ask.labels)}" if ask.labels else "")
     ranked = sorted(free, key=lambda w: (-free[w], w))
-    listing = [f"{ranked[0]} has {format_bytes(free[ranked[0]])} free"]
-    listing += [f"{w} {format_bytes(free[w])}" for w in ranked[1:]]
+    listing = [f"{ranked[0]} has {format_bytes(free[ranked[0]])} free{_measured(view, ranked[0], used)}"]
+    listing += [f"{w} {format_bytes(free[w])}{_measured(view, w, used)}" for w in ranked[1:]]
     return f"{head}: {needs}; eligible workers: {_listing(listing)}; no lower-priority replica can be evicted"
+
+
+def _measured(view: ClusterView, worker: str, used: Mapping[str, int] | None) -> str:
+    """`` (measured free on its GPU N MiB)`` where that measurement, not capacity, limits ``worker``."""
+    w = view.workers[worker]
+    measured = w.measured_free_bytes
+    if measured is None or measured >= w.capacity_bytes - _held(view, worker, used):
+        return ""
+    return f" (measured free on its GPU {format_bytes(measured)})"
 
 
 def _labels(labels: Mapping[str, str]) -> str:

@@ -10,8 +10,9 @@ Invariants:
   the indexes then hold part old, part new state) and the re-list is reported with its last chunk.
 - Listeners (``listen``) hear, per applied batch, which models changed (their spec, traffic, routing,
   replicas, demand or breaker), which models' status documents changed, which workers changed in a way
-  the planner reads (record, drain, stop; a load report that only moves the heartbeat or load figures is
-  no change), and whether the mirror listed afresh. Router stats and other keys concern no model.
+  the planner reads (record, drain, stop; a load report that only moves the heartbeat, load figures or
+  the measured free GPU memory is no change: the next planning reads it), and whether the mirror listed
+  afresh. Router stats and other keys concern no model.
 - An operator-written document that does not parse (spec, traffic, breaker) is rejected: logged, counted
   (``mcp_config_rejected_total``) and ignored, and the last good value stays in force; the rejection is kept
   so status can say why a write had no effect.
@@ -328,7 +329,9 @@ class ClusterState:
         else:
             self._workers[worker] = new
         if (old is None) != (new is None) or (
-            old is not None and new is not None and replace(new, last_beat=old.last_beat) != old
+            old is not None
+            and new is not None
+            and replace(new, last_beat=old.last_beat, measured_free_bytes=old.measured_free_bytes) != old
         ):
             changes.workers.add(worker)
 

@@ -48,6 +48,9 @@ class WorkerInfo:
     draining: bool = False  # ``/mcp/drain/<id>``: takes no new replicas, its replicas move away
     last_beat: float = 0.0
     incarnation: str = ""  # the worker process now holding the id ("": a record from before incarnations)
+    # free memory its GPU had at the last load report (NVML: total - used, every process's): placement uses
+    # no more than that; None without a measurement (no NVML, a CPU worker, an older worker)
+    measured_free_bytes: int | None = None
 
 
 @dataclass(frozen=True)

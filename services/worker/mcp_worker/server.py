@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ from mcp_worker.drain import Drain
 from mcp_worker.executions import Executions
 from mcp_worker.memory import MemoryBudget
 from mcp_worker.models import ModelManager, Replica
-from mcp_worker.nvml import GpuSampler
+from mcp_worker.nvml import GpuSampler, Reading
 from mcp_worker.registration import Registration
 from mcp_worker.repository import ModelRepository
 from mcp_worker.servicer_v2 import WorkerControlServicer
@@ -60,7 +60,7 @@ from mcpcore.signing import RecordSigner, payload
 from mcpcore.tls import load_curve_keypair
 from mcpcore.windows import WindowPublisher, Windows
 
-__all__ = ["Worker", "WorkerMetrics"]
+__all__ = ["Worker", "WorkerMetrics", "device_free_bytes"]
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "mcpapi.v2.WorkerControl"
@@ -449,7 +449,7 @@ class Worker:
                 "max_batch_size": replica.max_batch_size,
                 "breaker_level": self.breakers.level(replica.rid.model),
             }
-        return {
+        report: dict[str, Any] = {
             "worker_id": self.config.worker_id,
             "queue_depth": depth,
             "in_flight": in_flight,
@@ -466,6 +466,19 @@ class Worker:
             "device_error": "",
             "models": models,
         }
+        free = device_free_bytes(self.gpus.readings(), self.config.gpu_index)
+        if free is not None:  # absent: not measured (no NVML, no GPU): the scheduler goes by capacity alone
+            report["device_free_bytes"] = free
+        return report
+
+
+def device_free_bytes(readings: Mapping[int, Reading], index: int) -> int | None:
+    """Free memory of GPU ``index`` at its latest reading (every process's use counted), None without one:
+    the scheduler places no more than that on this worker."""
+    reading = readings.get(index)
+    if reading is None:
+        return None
+    return max(0, reading.memory_total_bytes - reading.memory_used_bytes)
 
 
 def _request_args(h: tensor_pb2.TensorHeader) -> dict[str, Any]:
