@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml constraints.txt
 # Refresh constraints.txt from the venv after a dependency change in pyproject.toml.
 constraints: $(STAMP)
 	@{ sed -n '1,2p' constraints.txt; $(PY) -m pip freeze --exclude-editable | grep -v '^mcpmesh'; \
-	  grep '^pycuda==' constraints.txt; } >constraints.txt.new && mv constraints.txt.new constraints.txt
+	  grep -E '^(pycuda|onnxruntime-gpu)==' constraints.txt; } >constraints.txt.new && mv constraints.txt.new constraints.txt
 	@echo "constraints.txt: $$(grep -c '==' constraints.txt) pins"
 
 $(PERF_ANALYZER): tools/perf-analyzer-requirements.txt

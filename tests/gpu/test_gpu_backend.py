@@ -9,12 +9,10 @@ kernels, no device): on a CPU machine these tests are skipped, never passed. ``m
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import mmap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -39,19 +37,10 @@ MIB = 1 << 20
 RNG = np.random.default_rng(3)
 
 
-def _make_models() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("make_models", ROOT / "tools" / "make_models.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[ModelConfig, bytes]]:
+def demo(demo_repo: Path) -> dict[str, tuple[ModelConfig, bytes]]:
     """demo-mlp versions 1 and 2 (numpy configs) and their weights, from tools/make_models.py."""
-    repo = tmp_path_factory.mktemp("models")
-    _make_models().make_models(repo)
+    repo = demo_repo
     out = {}
     for version in ("1", "2"):
         vdir = repo / "demo-mlp" / version

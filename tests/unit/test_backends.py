@@ -18,8 +18,9 @@ from hypothesis.extra import numpy as hnp
 from onnx import TensorProto, helper
 
 from mcp_worker.backends import Backend, create_backend
+from mcp_worker.backends.instances import Instances
 from mcp_worker.backends.numpy_backend import NumpyBackend, dense, gelu, layernorm, relu, softmax
-from mcp_worker.backends.onnx_backend import OnnxBackend
+from mcp_worker.backends.onnx_backend import CPU_PROVIDER, CUDA_PROVIDER, OnnxBackend, choose_providers
 from mcpcore.errors import DataLoss, FailedPrecondition, Internal, InvalidArgument
 from mcpcore.modelspec import ModelConfig, model_config_from_dict
 
@@ -27,9 +28,10 @@ RNG = np.random.default_rng(0)
 
 
 def _config(
-    layers: list[dict[str, Any]], *, backend: str = "numpy", dims: tuple[int, int] = (4, 3)
+    layers: list[dict[str, Any]], *, backend: str = "numpy", dims: tuple[int, int] = (4, 3), **more: Any
 ) -> ModelConfig:
     data = {
+        **more,
         "backend": backend,
         "max_batch_size": 8,
         "inputs": [{"name": "X", "dtype": "FP32", "shape": [-1, dims[0]]}],
@@ -336,3 +338,89 @@ def test_onnx_load_checks(model: bytes | None, error: type, words: list[str]) ->
 
 def test_onnx_is_importable_here() -> None:
     assert OnnxBackend.available() == (True, "")
+
+
+# --- where a model runs: onnxruntime's providers, the CPU fallback, instance_count -------------------------
+
+
+def test_choose_providers() -> None:
+    cpu, gpu = (
+        _config([], backend="onnx", dims=(4, 4)),
+        _config([], backend="onnx", dims=(4, 4), device="gpu"),
+    )
+    fallback = _config([], backend="onnx", dims=(4, 4), device="gpu", cpu_fallback=True)
+    both = [CUDA_PROVIDER, CPU_PROVIDER]
+    assert choose_providers(cpu, both, 0, "m") == ([CPU_PROVIDER], "")
+    assert choose_providers(gpu, both, 3, "m") == ([(CUDA_PROVIDER, {"device_id": 3}), CPU_PROVIDER], "")
+    with pytest.raises(FailedPrecondition) as info:
+        choose_providers(gpu, [CPU_PROVIDER], 0, "model m/1")
+    for words in ("model m/1: device: gpu", f"no {CUDA_PROVIDER}", "onnxruntime-gpu", "cpu_fallback: true"):
+        assert words in info.value.message
+    providers, why = choose_providers(fallback, [CPU_PROVIDER], 0, "m")
+    assert providers == [CPU_PROVIDER] and f"no {CUDA_PROVIDER}" in why
+
+
+def test_an_onnx_model_asking_for_a_gpu_runs_on_the_cpu_only_when_allowed() -> None:
+    """This machine's onnxruntime has no CUDA provider: the real load refuses, or falls back when asked."""
+    with pytest.raises(
+        FailedPrecondition, match="device: gpu, but this onnxruntime has no CUDAExecutionProvider"
+    ):
+        create_backend(_config([], backend="onnx", dims=(4, 4), device="gpu"), _relu_onnx())
+    config = _config([], backend="onnx", dims=(4, 4), device="gpu", cpu_fallback=True)
+    backend = create_backend(config, _relu_onnx(), device=1)
+    assert (backend.device, backend.memory_bytes) == ("cpu", len(_relu_onnx()))
+    assert CUDA_PROVIDER in backend.fallback
+    x = _x()
+    np.testing.assert_array_equal(backend.infer({"X": x})["Y"], relu(x))
+    backend.close()
+
+
+@pytest.mark.parametrize(
+    ("backend", "more", "words"),
+    [
+        ("numpy", {"device": "gpu"}, "backend numpy runs on cpu only, not gpu; backend cuda"),
+        ("onnx", {"device": "tpu"}, "device: one of cpu, gpu, got str 'tpu'"),
+        ("onnx", {"cpu_fallback": True}, "cpu_fallback: only for backend onnx with device: gpu"),
+        ("onnx", {"device": "gpu", "cpu_fallback": "yes"}, "cpu_fallback: expected true or false"),
+    ],
+)
+def test_device_settings_are_checked(backend: str, more: dict[str, Any], words: str) -> None:
+    with pytest.raises(InvalidArgument, match=words):
+        _config([DENSE] if backend == "numpy" else [], backend=backend, dims=(4, 3), **more)
+
+
+def test_instance_count_loads_that_many_and_spreads_runs_over_them() -> None:
+    config = _config([DENSE], instance_count=3)
+    weights = safetensors.numpy.save(_tensors())
+    backend = create_backend(config, weights)
+    assert isinstance(backend, Instances) and len(backend.instances) == 3
+    assert backend.memory_bytes == 3 * backend.instances[0].memory_bytes > 0
+    used: list[int] = []
+    for instance in backend.instances:  # record which instance ran each call
+        run = instance._run
+        instance._run = lambda *a, _run=run, _i=instance, **k: (used.append(id(_i)), _run(*a, **k))[1]  # type: ignore[method-assign]
+    x = _x()
+    with ThreadPoolExecutor(6) as pool:
+        outs = list(pool.map(lambda _: backend.infer({"X": x})["Y"], range(60)))
+    single = create_backend(_config([DENSE]), weights)
+    for out in outs:
+        np.testing.assert_allclose(out, single.infer({"X": x})["Y"], rtol=1e-6)
+    assert len(set(used)) == 3 and backend.runs() == [0, 0, 0]
+    backend.close()
+    assert all(instance._closed for instance in backend.instances)
+
+
+def test_a_failed_instance_closes_the_ones_already_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[Backend] = []
+    real_init = NumpyBackend.__init__
+
+    def init(self: NumpyBackend, *args: Any, **kwargs: Any) -> None:
+        if len(made) == 2:
+            raise InvalidArgument("the third copy does not fit")
+        real_init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(NumpyBackend, "__init__", init)
+    with pytest.raises(InvalidArgument, match="third copy"):
+        create_backend(_config([DENSE], instance_count=3), safetensors.numpy.save(_tensors()))
+    assert len(made) == 2 and all(b._closed for b in made)

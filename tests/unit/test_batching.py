@@ -495,3 +495,22 @@ async def test_a_refusal_at_enqueue_raises_and_calls_nothing(make):
     with pytest.raises(Unavailable, match="paused") as refused:
         q.enqueue("r", row(1), called.append)
     assert refused.value.not_started and called == []
+
+
+async def test_a_model_runs_no_more_batches_at_once_than_its_max_running(make):
+    """``max_running`` (the instances of a backend whose runs cannot overlap): with 4 free slots and one
+    model alone, 2 batches run and the third waits until one ends."""
+    gate = Gate()
+    d = make(slots=4)
+    model = Model("gpu", gate=gate)
+    q = d.add_model("gpu/1", cfg(1), model, SHARE, max_running=2)
+    tasks = [asyncio.create_task(q.submit(f"r{i}", row(BLOCK))) for i in range(3)]
+    for _ in range(100):
+        if len(model.batches) == 2:
+            break
+        await asyncio.sleep(0.01)
+    await settle()
+    assert len(model.batches) == 2 and q.stats().queue_depth == 1 and q.running == 2
+    gate.open()
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    assert len(model.batches) == 3

@@ -39,6 +39,11 @@ Invariants:
   code from the repository). ``decoupled: true`` (Triton's decoupled transaction policy) lets a model
   answer a request with any number of replies; such a model runs each request on its own (no
   ``dynamic_batching``).
+- ``device`` is where the model runs: ``cpu`` (numpy, builtin; onnx's default) or ``gpu`` (cuda always;
+  onnx through onnxruntime's CUDA execution provider). ``cpu_fallback: true`` (onnx with ``device: gpu``
+  only) lets it run on the CPU where no CUDA provider or GPU is present; without it that load fails.
+- ``instance_count`` copies of the model run on one worker behind one queue (Triton's instance group):
+  each batch takes a free copy.
 """
 
 from __future__ import annotations
@@ -60,9 +65,11 @@ from mcpcore.signature import tensor_name_problem
 
 __all__ = [
     "BACKENDS",
+    "BACKEND_DEVICES",
     "BUILTIN_FUNCTIONS",
     "DEFAULT_MAX_ONGOING_REQUESTS",
     "DEFAULT_MAX_QUEUE_SIZE",
+    "DEVICES",
     "LAYER_OPS",
     "STATEFUL_OPS",
     "DynamicBatching",
@@ -80,6 +87,9 @@ BACKENDS = ("numpy", "onnx", "cuda", "builtin")
 #: The builtin backend's functions (``function:``): fixed code in the worker, never code from a repository.
 BUILTIN_FUNCTIONS = ("strlen", "chunks")
 LAYER_GRAPH_BACKENDS = ("numpy", "cuda")
+DEVICES = ("cpu", "gpu")
+#: Where each backend may run (the first is its default).
+BACKEND_DEVICES = {"numpy": ("cpu",), "builtin": ("cpu",), "cuda": ("gpu",), "onnx": ("cpu", "gpu")}
 LAYER_OPS = ("dense", "relu", "gelu", "softmax", "layernorm", "sleep", "count", "fail")
 #: Ops whose result depends on what ran before (a model holding one is not idempotent by default).
 STATEFUL_OPS = frozenset({"count"})
@@ -159,6 +169,8 @@ class ModelConfig:
     max_ongoing_requests: int = DEFAULT_MAX_ONGOING_REQUESTS
     function: str | None = None  # backend builtin: which of BUILTIN_FUNCTIONS
     decoupled: bool = False  # answers a request with any number of replies (Triton's decoupled mode)
+    device: str = "cpu"  # where it runs: "cpu" or "gpu" (DEVICES)
+    cpu_fallback: bool = False  # onnx with device gpu: run on the CPU where no GPU can be used
 
     @property
     def primary_outputs(self) -> tuple[str, ...]:
@@ -508,6 +520,7 @@ def model_config_from_dict(data: Any, *, model: str, version: str) -> ModelConfi
         )
     if decoupled and "dynamic_batching" in data:
         ctx.fail("decoupled", "a decoupled model runs each request on its own: drop dynamic_batching")
+    device, cpu_fallback = _device(ctx, data, backend)
     stateful = any(layer.op in STATEFUL_OPS for layer in layers)
     idempotent = ctx.bool_("idempotent", data.get("idempotent", not stateful))
     if idempotent and stateful:
@@ -535,7 +548,28 @@ def model_config_from_dict(data: Any, *, model: str, version: str) -> ModelConfi
         ),
         function=function,
         decoupled=decoupled,
+        device=device,
+        cpu_fallback=cpu_fallback,
     )
+
+
+def _device(ctx: _Ctx, data: Mapping[str, Any], backend: str) -> tuple[str, bool]:
+    allowed = BACKEND_DEVICES[backend]
+    device = data.get("device", allowed[0])
+    if device not in DEVICES:
+        ctx.fail("device", f"one of {', '.join(DEVICES)}, got {_show(device)}")
+    if device not in allowed:
+        other = (
+            "cuda (the same layer graph on a GPU)"
+            if backend == "numpy"
+            else "numpy (the same graph on the CPU)"
+        )
+        hint = f"; backend {other}" if backend in LAYER_GRAPH_BACKENDS else ""
+        ctx.fail("device", f"backend {backend} runs on {' or '.join(allowed)} only, not {device}{hint}")
+    fallback = ctx.bool_("cpu_fallback", data.get("cpu_fallback", False))
+    if fallback and (backend != "onnx" or device != "gpu"):
+        ctx.fail("cpu_fallback", "only for backend onnx with device: gpu")
+    return device, fallback
 
 
 def _function(ctx: _Ctx, data: Mapping[str, Any], backend: str) -> str | None:

@@ -208,8 +208,10 @@ class ModelQueue:
         run_batch: RunBatch,
         share: ModelShare,
         metrics: _BoundMetrics,
+        max_running: int | None = None,
     ) -> None:
         self.key, self.config, self.share = key, config, share
+        self.max_running = max_running  # batches it may run at once (its instances); None: any
         model, slash, version = key.rpartition("/")
         self.model, self.version = (model, version) if slash else (key, "")
         self.policy = BatchPolicy.for_config(config)
@@ -601,15 +603,19 @@ class Dispatcher:
         share: ModelShare,
         *,
         labels: tuple[str, str] | None = None,
+        max_running: int | None = None,
     ) -> ModelQueue:
-        """Serve ``key`` (``model/version``: the metric labels unless ``labels`` says otherwise)."""
+        """Serve ``key`` (``model/version``: the metric labels unless ``labels`` says otherwise), at most
+        ``max_running`` batches of it at once (None: as many as the slots allow)."""
         if key in self._models:
             raise ValueError(f"model {key} is already served by this dispatcher")
         if labels is None:
             model, slash, version = key.rpartition("/")
             labels = (model, version) if slash else (key, "")
         metrics = _BoundMetrics(self._metrics, *labels)
-        queue = ModelQueue(self, key, config, run_batch=run_batch, share=share, metrics=metrics)
+        queue = ModelQueue(
+            self, key, config, run_batch=run_batch, share=share, metrics=metrics, max_running=max_running
+        )
         self._models[key] = queue
         return queue
 
@@ -711,17 +717,21 @@ class Dispatcher:
         return max(0.0, min(times) - now) if times else None
 
     def _held(self, now: float) -> set[str]:
-        """The models that may not start another batch now: each runs one already, and the free slots
-        are no more than the other active models that run none (they keep one each)."""
+        """The models that may not start another batch now: those running as many as they have instances
+        (``max_running``); and, when the free slots are no more than the other active models that run
+        none (they keep one each), every model running one already."""
+        full = {
+            k for k, q in self._models.items() if q.max_running is not None and q.running >= q.max_running
+        }
         running = [key for key, q in self._models.items() if q.running]
         if not running:
-            return set()
+            return full
         idle_active = sum(
             1
             for q in self._models.values()
             if not q.running and (len(q.policy) or now - q.last_arrival < ACTIVE_S)
         )
-        return set(running) if self.slots - self._busy <= idle_active else set()
+        return set(running) if self.slots - self._busy <= idle_active else full
 
     def _choose(self, ready: list[str]) -> str:
         load = self._busy / self.slots

@@ -96,7 +96,7 @@ class Replica:
             "secondary": list(config.qos.secondary_features),
             "idempotent": config.idempotent,
             "max_ongoing_requests": config.max_ongoing_requests,
-            "config": _config_summary(config),
+            "config": _config_summary(config, self.backend),
         }
 
     @property
@@ -123,8 +123,10 @@ class ModelManager:
         on_state: Callable[[ReplicaId, ReplicaState | None], None] | None = None,
         on_work: Callable[[str, int], None] | None = None,
         clock: Callable[[], float] = time.time,
+        device: int = 0,
     ) -> None:
         self.worker_id = worker_id
+        self.device = device  # the GPU index this worker's GPU models run on
         self._repo = repository
         self._lifecycle = lifecycle
         self._dispatcher = dispatcher
@@ -315,7 +317,8 @@ class ModelManager:
         backend: Backend | None = None
         try:
             artifact = await loop.run_in_executor(None, self._repo.load, rid.model, rid.version)
-            backend = await loop.run_in_executor(None, create_backend, artifact.config, artifact.weights)
+            make = functools.partial(create_backend, artifact.config, artifact.weights, device=self.device)
+            backend = await loop.run_in_executor(None, make)
             if self._on_work is not None and hasattr(backend, "on_work"):
                 backend.on_work = lambda macs, model=rid.model: self._on_work(model, macs)  # type: ignore[misc]
             async with self._admission:
@@ -334,6 +337,7 @@ class ModelManager:
             BatchConfig.from_model_config(config),
             backend.infer,
             ModelShare(priority=config.priority, latency_sensitivity=config.qos.latency_sensitivity),
+            max_running=None if backend.concurrent else config.instance_count,
         )
         queue.set_batch_ratio(self._batch_ratios.get(rid.model, 1.0))  # a breaker already in force
         replica = Replica(rid, config, backend, queue, self.budget.held(name), S.LOADING, self._clock())
@@ -554,13 +558,18 @@ def _apply(config: ModelConfig, o: LoadOverrides | None) -> ModelConfig:
     return replace(config, **changes)
 
 
-def _config_summary(config: ModelConfig) -> dict[str, Any]:
-    """How the replica batches and where it runs, as routers report it (KServe ModelConfig)."""
+def _config_summary(config: ModelConfig, backend: Backend) -> dict[str, Any]:
+    """How the replica batches and where it runs, as routers report it (KServe ModelConfig): ``device``
+    is ``gpu`` or ``cpu``, ``device_id`` the GPU's index, ``cpu_fallback`` why a model that asks for a GPU
+    runs on the CPU."""
     batching = config.dynamic_batching
+    kind, _, index = backend.device.partition(":")
     return {
         "max_batch_size": config.max_batch_size,
         "instance_count": config.instance_count,
-        "device": "gpu" if config.backend == "cuda" else "cpu",
+        "device": kind,
+        "device_id": int(index) if index else None,
+        "cpu_fallback": backend.fallback,
         "decoupled": config.decoupled,
         "dynamic_batching": None
         if batching is None

@@ -63,10 +63,17 @@ class Backend(abc.ABC):
     """One model version, loaded and ready to run. Subclasses implement ``_run`` and ``_release``."""
 
     name: ClassVar[str]
+    #: Whether the constructor takes ``device`` (the worker's GPU index).
+    takes_device: ClassVar[bool] = False
+    #: Whether runs of one instance may overlap (thread-safe ``_run``); if not, the worker runs at most
+    #: ``instance_count`` batches of the model at once.
+    concurrent: ClassVar[bool] = True
 
     def __init__(self, config: ModelConfig, weights: bytes | None) -> None:
         self.config = config
         self.memory_bytes = 0  # measured bytes held once loaded; set by the subclass
+        self.device = "cpu"  # where it runs: "cpu" or "gpu:<index>"
+        self.fallback = ""  # why it runs on the CPU though model.yaml asks for a GPU
         self._closed = False
         self._where = f"model {config.name}/{config.version} ({self.name} backend)"
         self._dtypes = {spec.name: dtypes.numpy_dtype(spec.dtype) for spec in config.inputs}
@@ -144,15 +151,25 @@ def backend_class(name: str) -> type[Backend]:
     return cls
 
 
-def create_backend(config: ModelConfig, weights: bytes | None) -> Backend:
-    """Load ``config``'s model from its (decrypted) weights bytes with the backend it names."""
+def create_backend(config: ModelConfig, weights: bytes | None, *, device: int = 0) -> Backend:
+    """Load ``config``'s model from its (decrypted) weights bytes with the backend it names, on GPU
+    ``device`` where it runs on one; ``instance_count`` > 1 makes that many instances behind one
+    (``instances.Instances``)."""
     cls = backend_class(config.backend)
     ok, reason = cls.available()
     if not ok:
         raise FailedPrecondition(
             f"model {config.name}/{config.version}: backend {config.backend} is unavailable: {reason}"
         )
-    return cls(config, weights)
+
+    def make() -> Backend:
+        return cls(config, weights, device=device) if cls.takes_device else cls(config, weights)  # type: ignore[call-arg]
+
+    if config.instance_count == 1:
+        return make()
+    from mcp_worker.backends.instances import Instances  # noqa: PLC0415  (it imports this module)
+
+    return Instances(config, make)
 
 
 def _warmup_input(spec: TensorSpec, dtype: np.dtype) -> np.ndarray:

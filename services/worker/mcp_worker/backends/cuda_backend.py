@@ -148,6 +148,8 @@ class CudaBackend(Backend):
     """A layer graph (one FP32 input, one FP32 output) run with the CUDA kernels on one stream."""
 
     name = "cuda"
+    takes_device = True
+    concurrent = False  # one stream and one set of buffers per instance: runs are serialised
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
@@ -192,6 +194,7 @@ class CudaBackend(Backend):
             raise self._load_error(err) from None
         self.measured_device_bytes = max(0, int(free_before) - int(free_after))
         self.memory_bytes = self._weight_bytes + self._activation_bytes
+        self.device = f"gpu:{self._dev.index}"
         log.info(
             "%s: loaded on device %d: %d weight and %d activation bytes (%d rows); free memory fell by %d",
             *(self._where, self._dev.index, self._weight_bytes, self._activation_bytes, self._rows),

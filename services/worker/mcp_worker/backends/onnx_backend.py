@@ -1,4 +1,4 @@
-"""The ONNX backend: an onnxruntime CPU session built from the model's bytes, in memory.
+"""The ONNX backend: an onnxruntime session built from the model's bytes, in memory, on the CPU or a GPU.
 
 Invariants:
 - The session is made from the (decrypted) bytes, never from a path: plaintext weights never touch disk.
@@ -16,10 +16,23 @@ Invariants:
   two costs the same), so a model with ``qos.secondary_features`` gets a second session at load, built
   from the graph pruned to its primary outputs (``onnx.utils.Extractor``, in memory): breaker level 2
   then skips the secondary work for real. Its bytes count in ``memory_bytes``.
+- Where it runs (``choose_providers``, pure): ``device: cpu`` takes the CPU provider. ``device: gpu`` takes
+  onnxruntime's CUDA execution provider on the worker's GPU (``device``, the worker's ``gpu_index``), with
+  the CPU provider behind it for nodes CUDA lacks. Without a CUDA provider in this onnxruntime
+  (``onnxruntime-gpu``, the ``onnx-gpu`` extra), or when the session could not start it (no GPU or
+  driver: onnxruntime then quietly runs on the CPU), the load fails ``FailedPrecondition`` saying what to
+  install, unless model.yaml says ``cpu_fallback: true``: then it runs on the CPU and ``fallback`` says
+  why (the replica record shows it). ``device`` tells where it runs: ``cpu`` or ``gpu:<index>``.
+- On a GPU a run binds its inputs and outputs (``io_binding``): inputs are copied once from the request's
+  host memory straight to the device, outputs come back once; ``measured_device_bytes`` is the drop of
+  the device's free memory (NVML) across the load (other processes on that GPU show there too), and
+  ``memory_bytes`` the larger of it and the model's bytes. Closing drops the sessions, which frees their
+  device memory (onnxruntime's arena goes with its session).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -38,9 +51,17 @@ except ImportError as _err:  # the worker still serves layer-graph models withou
     ort = None
     _IMPORT_ERROR = short_error(_err)
 
-__all__ = ["ORT_TYPES", "OnnxBackend"]
+__all__ = ["CPU_PROVIDER", "CUDA_PROVIDER", "ORT_TYPES", "OnnxBackend", "choose_providers"]
 
-_PROVIDER = "CPUExecutionProvider"
+log = logging.getLogger(__name__)
+
+CPU_PROVIDER = "CPUExecutionProvider"
+CUDA_PROVIDER = "CUDAExecutionProvider"
+_PROVIDER = CPU_PROVIDER  # every onnxruntime build has it: the backend is available wherever that is
+_INSTALL_HINT = (
+    "on a host with CUDA, put onnxruntime-gpu in place of onnxruntime "
+    "(pip uninstall -y onnxruntime; pip install 'mcpmesh[onnx-gpu]')"
+)
 _WARNINGS_OFF = 3  # onnxruntime log severity: errors and fatal only
 
 #: onnxruntime's element type names -> ours (mcpcore.dtypes).
@@ -62,21 +83,47 @@ ORT_TYPES: dict[str, str] = {
 
 
 class OnnxBackend(Backend):
-    """One onnxruntime ``InferenceSession`` on the CPU execution provider."""
+    """One onnxruntime ``InferenceSession``, on the CPU or (``device: gpu``) the CUDA execution provider."""
 
     name = "onnx"
+    takes_device = True
 
-    def __init__(self, config: ModelConfig, weights: bytes | None, *, intra_op_num_threads: int = 1) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: bytes | None,
+        *,
+        device: int | None = None,
+        intra_op_num_threads: int = 1,
+    ) -> None:
         super().__init__(config, weights)
         ok, reason = self.available()
         if not ok:
             raise FailedPrecondition(f"{self._where}: unavailable: {reason}")
         if not weights:
             raise InvalidArgument(f"{self._where}: no model bytes given (the config's weights file)")
-        self._session: Any = _session(bytes(weights), intra_op_num_threads, self._where)
+        index = 0 if device is None else device
+        self._providers, self.fallback = choose_providers(
+            config, ort.get_available_providers(), index, self._where
+        )
+        gpu = self._providers[0] != CPU_PROVIDER
+        used_before = _device_used_bytes(index) if gpu else None
+        self._session: Any = _session(bytes(weights), intra_op_num_threads, self._where, self._providers)
+        if gpu and CUDA_PROVIDER not in self._session.get_providers():  # it could not start the provider
+            why = f"onnxruntime could not start {CUDA_PROVIDER} on GPU {index} (no GPU or CUDA driver here?)"
+            if not config.cpu_fallback:
+                raise FailedPrecondition(f"{self._where}: device: gpu, but {why}; or set cpu_fallback: true")
+            self._providers, self.fallback, gpu = [CPU_PROVIDER], why, False
+        self.device = f"gpu:{index}" if gpu else "cpu"
+        if self.fallback:
+            log.warning("%s: runs on the CPU: %s (cpu_fallback: true)", self._where, self.fallback)
         self._check_signature()
         self._outputs = [spec.name for spec in config.outputs]
         self.memory_bytes = len(weights)
+        self.measured_device_bytes = 0
+        if gpu and used_before is not None and (used_after := _device_used_bytes(index)) is not None:
+            self.measured_device_bytes = max(0, used_after - used_before)
+            self.memory_bytes = max(self.memory_bytes, self.measured_device_bytes)
         self._pruned: dict[frozenset[str], Any] = {}  # skipped outputs -> a session without their nodes
         self._threads = intra_op_num_threads
         self._bytes = bytes(weights) if config.qos.secondary_features else b""
@@ -103,7 +150,16 @@ class OnnxBackend(Backend):
         if skip:
             session = self._session_for(skip)
         wanted = [name for name in self._outputs if name not in skip]
-        results = session.run(wanted, feed)
+        if self.device == "cpu":
+            results = session.run(wanted, feed)
+        else:  # one copy in, one copy out, bound to the request's own memory
+            binding = session.io_binding()
+            for name, array in feed.items():
+                binding.bind_cpu_input(name, array)
+            for name in wanted:
+                binding.bind_output(name)
+            session.run_with_iobinding(binding)
+            results = binding.copy_outputs_to_cpu()
         return dict(zip(wanted, results, strict=True))
 
     def _session_for(self, skip: frozenset[str]) -> Any:
@@ -118,7 +174,7 @@ class OnnxBackend(Backend):
                 model = onnx.load_model_from_string(self._bytes)
                 inputs = [spec.name for spec in self.config.inputs]
                 small = onnx.utils.Extractor(model).extract_model(inputs, keep).SerializeToString()
-                pruned = self._pruned[skip] = _session(small, self._threads, self._where)
+                pruned = self._pruned[skip] = _session(small, self._threads, self._where, self._providers)
                 self.memory_bytes += len(small)
         return pruned
 
@@ -163,14 +219,45 @@ class OnnxBackend(Backend):
             )
 
 
-def _session(model: bytes, intra_op_num_threads: int, where: str) -> Any:
+def choose_providers(
+    config: ModelConfig, available: list[str], device: int, where: str
+) -> tuple[list[Any], str]:
+    """The execution providers a session of ``config`` gets, given the ones this onnxruntime has, and
+    why it runs on the CPU though model.yaml asks for a GPU (empty when it does not)."""
+    if config.device != "gpu":
+        return [CPU_PROVIDER], ""
+    if CUDA_PROVIDER in available:
+        return [(CUDA_PROVIDER, {"device_id": device}), CPU_PROVIDER], ""
+    why = f"this onnxruntime has no {CUDA_PROVIDER} (it has {', '.join(available) or 'none'})"
+    if not config.cpu_fallback:
+        raise FailedPrecondition(
+            f"{where}: device: gpu, but {why}; {_INSTALL_HINT}, or set cpu_fallback: true"
+        )
+    return [CPU_PROVIDER], why
+
+
+def _device_used_bytes(index: int) -> int | None:
+    """GPU ``index``'s used memory from NVML, or None without NVML."""
+    try:
+        import pynvml  # noqa: PLC0415  (nvidia-ml-py; only GPU hosts have it)
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).used)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return None
+
+
+def _session(model: bytes, intra_op_num_threads: int, where: str, providers: list[Any]) -> Any:
     options = ort.SessionOptions()
     options.intra_op_num_threads = intra_op_num_threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.log_severity_level = _WARNINGS_OFF
     try:
-        return ort.InferenceSession(model, options, providers=[_PROVIDER])
+        return ort.InferenceSession(model, options, providers=providers)
     except Exception as err:
         if type(err).__name__ == "InvalidProtobuf":
             raise DataLoss(f"{where}: the model bytes are not an ONNX model: {short_error(err)}") from None
