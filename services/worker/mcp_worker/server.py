@@ -156,6 +156,7 @@ class Worker:
             dispatcher=self.dispatcher,
             budget=MemoryBudget(config.memory_capacity_bytes, owner=f"worker {config.worker_id}"),
             checkpoint_dir=Path(config.checkpoint_dir),
+            device=config.gpu_index,
             on_state=self._state_changed,
             on_work=lambda model, macs: self.metrics.macs.labels(model).inc(macs),
         )
