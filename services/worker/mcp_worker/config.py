@@ -97,6 +97,8 @@ class WorkerConfig:
     numa_pin: bool = False
     #: The GPU whose node to use: its PCI bus id, else nvidia-smi's for ``gpu_index``.
     gpu_pci_bus_id: str = ""
+    #: This worker's GPU (an index among those CUDA_VISIBLE_DEVICES shows): where its cuda models and ONNX
+    #: models with ``device: gpu`` run, whose memory it reports, and whose NUMA node ``numa_pin`` uses.
     gpu_index: int = 0
 
     def __post_init__(self) -> None:

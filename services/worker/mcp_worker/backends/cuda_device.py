@@ -15,7 +15,8 @@ Invariants:
 
 Environment, read when asked (never at import): ``MCP_CUDA_FATBIN`` (the kernels, default
 ``libs/native/build/mcp_kernels.fatbin`` in this checkout) and ``MCP_CUDA_DEVICE`` (device index, default 0;
-``CUDA_VISIBLE_DEVICES`` chooses among the physical GPUs).
+``CUDA_VISIBLE_DEVICES`` chooses among the physical GPUs) for a backend made without a device; a worker
+passes its own ``gpu_index``.
 """
 
 from __future__ import annotations
