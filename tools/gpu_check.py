@@ -11,7 +11,8 @@
 4. Measures: the demo MLP on the cuda and numpy backends at batch 1, 16 and 64 (rows/s, p50/p99 of infer
    calls, max abs difference); device memory before load, after load and after unload; two models on two
    streams, alone and at once (wall-clock timestamps, with CUDA events timing each stream); host-to-device
-   bandwidth from page-locked and from pageable memory at 64 MiB.
+   bandwidth from page-locked and from pageable memory at 64 MiB; demo-onnx on onnxruntime's CUDA
+   provider against its CPU provider where this onnxruntime has one ("not measured" otherwise).
 5. Writes ``gpu_check_report.json`` and ``gpu_check_report.md`` under ``--out`` (default ``$OUT`` when set,
    else ``.run/gpu-check``). Exit 0 when the tests pass, outputs match within 1e-4, unloading returns the
    memory and two streams overlap; 1 otherwise, with the failures listed in the report.
@@ -374,6 +375,8 @@ def judge(report: dict[str, Any]) -> list[str]:
         failures.append(
             f"unloading left {figures.get('device_unload_diff_bytes')} bytes of device memory taken"
         )
+    if figures.get("onnx_cuda_vs_cpu_max_abs_err", 0.0) >= TOL:
+        failures.append(f"ONNX on CUDA and on the CPU differ by {figures['onnx_cuda_vs_cpu_max_abs_err']}")
     if figures.get("two_streams_overlap_ratio", 1.0) >= 1.0:
         failures.append(f"two streams did not overlap: ratio {figures.get('two_streams_overlap_ratio')}")
     return failures
@@ -456,6 +459,41 @@ def _measure(report: dict[str, Any], scratch: Path) -> None:
         bench_two_streams(figures)
     with _step(report, "bench_h2d"):
         bench_h2d(figures)
+    with _step(report, "bench_onnx_cuda") as step:
+        step["detail"] = bench_onnx_cuda(scratch / "models", figures)
+
+
+def bench_onnx_cuda(repo: Path, figures: dict[str, Any]) -> str:
+    """demo-onnx on onnxruntime's CUDA provider against its CPU provider, where this onnxruntime has it
+    (onnxruntime-gpu matching the machine's CUDA); otherwise the figure says "not measured" and why."""
+    import numpy as np  # noqa: PLC0415 - after the paths are set up
+
+    from mcp_worker.backends import create_backend  # noqa: PLC0415
+    from mcp_worker.backends.onnx_backend import CUDA_PROVIDER, ort  # noqa: PLC0415
+    from mcpcore.modelspec import load_model_yaml  # noqa: PLC0415
+
+    if ort is None or CUDA_PROVIDER not in ort.get_available_providers():
+        figures["onnx_cuda"] = "not measured: this onnxruntime has no CUDAExecutionProvider"
+        return figures["onnx_cuda"]
+    config = load_model_yaml(repo / "demo-onnx" / "1")
+    weights = (repo / "demo-onnx" / "1" / "model.onnx").read_bytes()
+    cpu = create_backend(config, weights)
+    gpu = create_backend(dataclasses.replace(config, device="gpu"), weights)
+    figures["onnx_cuda_measured_device_bytes"] = getattr(gpu, "measured_device_bytes", 0)
+    rng, worst = np.random.default_rng(1), 0.0
+    try:
+        for batch in BATCHES:
+            x = {"INPUT0": rng.standard_normal((batch, 64)).astype(np.float32)}
+            worst = max(worst, float(np.abs(gpu.infer(x)["OUTPUT0"] - cpu.infer(x)["OUTPUT0"]).max()))
+            for name, backend in (("onnx_cpu", cpu), ("onnx_cuda", gpu)):
+                samples = _time_calls(lambda b=backend, x=x: b.infer(x))
+                figures[f"mlp_b{batch}_{name}_rows_per_s"] = round(batch * len(samples) / sum(samples), 1)
+                figures[f"mlp_b{batch}_{name}_p99_ms"] = round(_percentile_ms(samples, 99), 4)
+    finally:
+        gpu.close()
+        cpu.close()
+    figures["onnx_cuda_vs_cpu_max_abs_err"] = worst
+    return f"{gpu.device}, max abs err {worst:.2e}"
 
 
 if __name__ == "__main__":
