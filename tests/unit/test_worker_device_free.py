@@ -1,5 +1,6 @@
-"""The producer of ``device_free_bytes``: a worker's load report carries its own GPU's measured free memory
-(NVML, injected here: no GPU needed), and leaves it out without a reading."""
+"""The producer of the NVML figures (NVML injected here: no GPU needed): a worker's load report carries its
+own GPU's measured free memory (``device_free_bytes``) and leaves it out without a reading, and its metrics
+export each device's utilization and memory in use."""
 
 from __future__ import annotations
 
@@ -72,3 +73,15 @@ def test_without_nvml_the_report_has_no_figure():
     assert not worker.gpus.start()
     report = worker._report()
     assert "device_free_bytes" not in report and report["worker_id"] == "w1"
+
+
+def test_each_devices_utilization_and_memory_are_exported(sampler):
+    """The NVML sampler's readings reach the worker's Prometheus metrics, one series per device."""
+    worker = Worker(WorkerConfig(worker_id="w1"))
+    worker.gpus = sampler
+    worker._report()  # each heartbeat's report refreshes the GPU gauges
+    value = worker.metrics.registry.get_sample_value
+    for device, used in FakeNvml.used.items():
+        labels = {"device_id": str(device)}
+        assert value("mcp_gpu_utilization_ratio", labels) == pytest.approx(0.1)
+        assert value("mcp_gpu_memory_used_bytes", labels) == used
