@@ -57,9 +57,12 @@ def test_cuda_provider_matches_the_cpu(onnx_model: tuple[Path, bytes], batch: in
 def test_device_memory_is_measured_and_given_back(onnx_model: tuple[Path, bytes]) -> None:
     vdir, weights = onnx_model
     config = dataclasses.replace(load_model_yaml(vdir), device="gpu", instance_count=2)
+    create_backend(dataclasses.replace(config, instance_count=1), weights, device=0).close()  # the context
+    gc.collect()
     before = _device_used_bytes(0)
     backend = create_backend(config, weights, device=0)
-    assert isinstance(backend, Instances) and backend.measured_device_bytes > 0
+    assert isinstance(backend, Instances)
+    assert backend.instances[1].measured_device_bytes > 0  # the second copy: no CUDA context in its figure
     backend.warmup()
     backend.close()
     del backend

@@ -21,7 +21,7 @@ from mcp_worker.backends import Backend, create_backend
 from mcp_worker.backends.instances import Instances
 from mcp_worker.backends.numpy_backend import NumpyBackend, dense, gelu, layernorm, relu, softmax
 from mcp_worker.backends.onnx_backend import CPU_PROVIDER, CUDA_PROVIDER, OnnxBackend, choose_providers
-from mcpcore.errors import DataLoss, FailedPrecondition, Internal, InvalidArgument
+from mcpcore.errors import DataLoss, FailedPrecondition, Internal, InvalidArgument, ResourceExhausted
 from mcpcore.modelspec import ModelConfig, model_config_from_dict
 
 RNG = np.random.default_rng(0)
@@ -424,3 +424,27 @@ def test_a_failed_instance_closes_the_ones_already_loaded(monkeypatch: pytest.Mo
     with pytest.raises(InvalidArgument, match="third copy"):
         create_backend(_config([DENSE], instance_count=3), safetensors.numpy.save(_tensors()))
     assert len(made) == 2 and all(b._closed for b in made)
+
+
+def test_all_copies_must_fit_before_the_second_is_made() -> None:
+    asked: list[int] = []
+
+    def fits(nbytes: int) -> None:
+        asked.append(nbytes)
+        raise ResourceExhausted(f"{nbytes} bytes do not fit")
+
+    made: list[Backend] = []
+    real_init = NumpyBackend.__init__
+
+    def init(self: NumpyBackend, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        made.append(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(NumpyBackend, "__init__", init)
+        with pytest.raises(ResourceExhausted, match="do not fit"):
+            create_backend(_config([DENSE], instance_count=4), safetensors.numpy.save(_tensors()), fits=fits)
+    one = create_backend(_config([DENSE]), safetensors.numpy.save(_tensors())).memory_bytes
+    assert len(made) == 1 and made[0]._closed and asked == [4 * one] and one > 0
+    with pytest.raises(InvalidArgument, match="instance_count: must be <= 64"):
+        _config([DENSE], instance_count=65)

@@ -291,12 +291,12 @@ def test_worker_stopped_and_no_report():
 
 def test_worker_measured_free_device_memory_from_the_report():
     def measured(load):
-        return docs.parse_worker("w1", json.dumps(RECORD).encode(), load, False).measured_free_bytes
+        return docs.parse_worker("w1", json.dumps(RECORD).encode(), load, False).device_room_bytes
 
-    assert measured(b'{"device_free_bytes": 3221225472}') == 3 << 30
-    assert measured(b'{"device_free_bytes": 0}') == 0
+    assert measured(b'{"device_room_bytes": 3221225472}') == 3 << 30
+    assert measured(b'{"device_room_bytes": 0}') == 0
     # not measured (no NVML, an older worker, no report yet): placement goes by capacity alone
-    for load in (b'{"last_beat": 1.0}', b'{"device_free_bytes": null}', None):
+    for load in (b'{"last_beat": 1.0}', b'{"device_room_bytes": null}', None):
         assert measured(load) is None
 
 
@@ -311,11 +311,11 @@ def test_worker_measured_free_device_memory_from_the_report():
         ({"worker_id": "w2"}, None, 'worker_id: names "w2"'),
         ({}, {"stopped": 1}, "load report of w1: stopped: expected the stop reason"),
         ({}, {"last_beat": "x"}, "load report of w1: last_beat: expected a finite number"),
-        ({}, {"device_free_bytes": -1}, "load report of w1: device_free_bytes: must be >= 0, got -1"),
-        ({}, {"device_free_bytes": 1.5}, "device_free_bytes: expected an integer, got 1.5"),
-        ({}, {"device_free_bytes": "8G"}, 'device_free_bytes: expected an integer, got "8G"'),
-        ({}, {"device_free_bytes": True}, "device_free_bytes: expected an integer, got true"),
-        ({}, {"device_free_bytes": [1]}, "device_free_bytes: expected an integer, got a list"),
+        ({}, {"device_room_bytes": -1}, "load report of w1: device_room_bytes: must be >= 0, got -1"),
+        ({}, {"device_room_bytes": 1.5}, "device_room_bytes: expected an integer, got 1.5"),
+        ({}, {"device_room_bytes": "8G"}, 'device_room_bytes: expected an integer, got "8G"'),
+        ({}, {"device_room_bytes": True}, "device_room_bytes: expected an integer, got true"),
+        ({}, {"device_room_bytes": [1]}, "device_room_bytes: expected an integer, got a list"),
     ],
 )
 def test_worker_errors(change, load, message):

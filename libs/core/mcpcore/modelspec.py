@@ -71,6 +71,7 @@ __all__ = [
     "DEFAULT_MAX_QUEUE_SIZE",
     "DEVICES",
     "LAYER_OPS",
+    "MAX_INSTANCES",
     "STATEFUL_OPS",
     "DynamicBatching",
     "Layer",
@@ -88,6 +89,7 @@ BACKENDS = ("numpy", "onnx", "cuda", "builtin")
 BUILTIN_FUNCTIONS = ("strlen", "chunks")
 LAYER_GRAPH_BACKENDS = ("numpy", "cuda")
 DEVICES = ("cpu", "gpu")
+MAX_INSTANCES = 64  # instance_count's ceiling: copies of one model on one worker
 #: Where each backend may run (the first is its default).
 BACKEND_DEVICES = {"numpy": ("cpu",), "builtin": ("cpu",), "cuda": ("gpu",), "onnx": ("cpu", "gpu")}
 LAYER_OPS = ("dense", "relu", "gelu", "softmax", "layernorm", "sleep", "count", "fail")
@@ -169,8 +171,12 @@ class ModelConfig:
     max_ongoing_requests: int = DEFAULT_MAX_ONGOING_REQUESTS
     function: str | None = None  # backend builtin: which of BUILTIN_FUNCTIONS
     decoupled: bool = False  # answers a request with any number of replies (Triton's decoupled mode)
-    device: str = "cpu"  # where it runs: "cpu" or "gpu" (DEVICES)
+    device: str = ""  # where it runs: "cpu" or "gpu" (DEVICES); "": the backend's default
     cpu_fallback: bool = False  # onnx with device gpu: run on the CPU where no GPU can be used
+
+    def __post_init__(self) -> None:
+        if not self.device:  # built in code, not from a model.yaml: where its backend runs by default
+            object.__setattr__(self, "device", BACKEND_DEVICES.get(self.backend, DEVICES)[0])
 
     @property
     def primary_outputs(self) -> tuple[str, ...]:
@@ -541,7 +547,7 @@ def model_config_from_dict(data: Any, *, model: str, version: str) -> ModelConfi
         encrypted=encrypted,
         key_id=key_id,
         layers=layers,
-        instance_count=ctx.int_("instance_count", data.get("instance_count", 1), lo=1),
+        instance_count=ctx.int_("instance_count", data.get("instance_count", 1), lo=1, hi=MAX_INSTANCES),
         idempotent=idempotent,
         max_ongoing_requests=ctx.int_(
             "max_ongoing_requests", data.get("max_ongoing_requests", DEFAULT_MAX_ONGOING_REQUESTS), lo=1

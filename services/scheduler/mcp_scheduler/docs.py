@@ -294,8 +294,8 @@ def parse_worker(worker_id: str, record_raw: bytes, load_raw: bytes | None, drai
             load.fail("stopped", f"expected the stop reason (a string), got {_show(flag)}")
         stopped = bool(flag)
         last_beat = load.float_("last_beat", 0.0)
-        if load.get("device_free_bytes", None) is not None:  # absent or null: not measured
-            measured = load.int_("device_free_bytes", lo=0)
+        if load.get("device_room_bytes", None) is not None:  # absent or null: not measured
+            measured = load.int_("device_room_bytes", lo=0)
     return WorkerInfo(
         id=worker_id,
         grpc=rec.str_("grpc"),
@@ -306,7 +306,7 @@ def parse_worker(worker_id: str, record_raw: bytes, load_raw: bytes | None, drai
         draining=draining or bool(rec.body.get("draining")),  # a drain key, or the worker stopping
         last_beat=last_beat,
         incarnation=str(rec.body.get("incarnation", "")),
-        measured_free_bytes=measured,
+        device_room_bytes=measured,
     )
 
 

@@ -5,8 +5,8 @@ Invariants:
 - A chosen worker is registered, not stopped, not draining, carries every required label, holds no record
   of the (model, version) yet, is not excluded, and has ``free >= need_bytes`` where free counts every
   recorded replica (measured bytes, else the model's declared bytes), UNLOADING ones included, and the
-  caller's reservations. Where the worker's load report measured its GPU's free memory (NVML), free is at
-  most that figure less the reservations: memory other processes hold on the device is not ours to use.
+  caller's reservations. Where the worker's load report measured the room its GPU has for it (NVML: the
+  device's total less what other processes hold), capacity counts as at most that room.
 - A worker that fits only once its UNLOADING replicas are gone is ``waiting``: no load now (the memory is
   still held), and no eviction for that copy either (the room is coming: evicting more would cascade).
 - Evictions only ever name replicas of models with a strictly lower spec priority, in READY, RUNNING or
@@ -62,13 +62,13 @@ def free_bytes(
     reserved: Mapping[str, int] | None = None,
     used: Mapping[str, int] | None = None,
 ) -> int:
-    """Capacity less recorded replicas (``used``: their sum per worker, when the caller has it), at most
-    the measured free device memory, less ``reserved``."""
-    free = worker.capacity_bytes - _held(view, worker.id, used)
-    measured = worker.measured_free_bytes
-    if measured is not None and measured < free:
-        free = measured
-    return free - (reserved if reserved is not None else {}).get(worker.id, 0)
+    """Capacity (at most its GPU's measured room) less recorded replicas (``used``: their sum per worker,
+    when the caller has it) and ``reserved``."""
+    room = worker.device_room_bytes
+    capacity = worker.capacity_bytes if room is None or room >= worker.capacity_bytes else room
+    return (
+        capacity - _held(view, worker.id, used) - (reserved if reserved is not None else {}).get(worker.id, 0)
+    )
 
 
 def _held(view: ClusterView, worker: str, used: Mapping[str, int] | None) -> int:
@@ -124,7 +124,7 @@ def place(
         return Placement(workers=chosen, waiting=waiting, evictions=evictions)
     taken = sorted({*chosen, *waiting, *(k[2] for k in evictions)})
     unused = {w: f for w, f in soon.items() if w not in taken}
-    return Placement(chosen, waiting, evictions, _shortfall(view, ask, missing, unused, taken, used=used))
+    return Placement(chosen, waiting, evictions, _shortfall(view, ask, missing, unused, taken))
 
 
 @dataclass(frozen=True)
@@ -155,11 +155,10 @@ def _eligible_free(
         if (ask.model, ask.version, w.id) in replicas:
             continue
         held = used[w.id] if used is not None else sum(replica_bytes(view, r) for r in view.replicas_on(w.id))
-        room = w.capacity_bytes - held
-        measured = w.measured_free_bytes
-        if measured is not None and measured < room:  # other processes hold memory on its GPU
-            room = measured
-        free[w.id] = room - reserved.get(w.id, 0)
+        capacity, room = w.capacity_bytes, w.device_room_bytes
+        if room is not None and room < capacity:  # other processes hold memory on its GPU
+            capacity = room
+        free[w.id] = capacity - held - reserved.get(w.id, 0)
     return free
 
 
@@ -248,11 +247,8 @@ def _shortfall(
     missing: int,
     free: Mapping[str, int],
     taken: list[str],
-    *,
-    used: Mapping[str, int] | None,
 ) -> str:
-    """Why ``missing`` copies found no room: ``free`` has the eligible workers not taken for other copies
-    (``used``: as ``place`` got it)."""
+    """Why ``missing`` copies found no room: ``free`` has the eligible workers not taken for other copies."""
     head = f"cannot place {ask.model}/{ask.version} ({missing} more {'copy' if missing == 1 else 'copies'})"
     if not view.workers:
         return f"{head}: no worker is registered"
@@ -265,18 +261,18 @@ def _shortfall(
         return f"{head}: {what}" + (f": {_listing(reasons)}" if reasons else "")
     needs = f"needs {format_bytes(ask.need)}" + (f" with labels {_labels(ask.labels)}" if ask.labels else "")
     ranked = sorted(free, key=lambda w: (-free[w], w))
-    listing = [f"{ranked[0]} has {format_bytes(free[ranked[0]])} free{_measured(view, ranked[0], used)}"]
-    listing += [f"{w} {format_bytes(free[w])}{_measured(view, w, used)}" for w in ranked[1:]]
+    listing = [f"{ranked[0]} has {format_bytes(free[ranked[0]])} free{_measured(view, ranked[0])}"]
+    listing += [f"{w} {format_bytes(free[w])}{_measured(view, w)}" for w in ranked[1:]]
     return f"{head}: {needs}; eligible workers: {_listing(listing)}; no lower-priority replica can be evicted"
 
 
-def _measured(view: ClusterView, worker: str, used: Mapping[str, int] | None) -> str:
-    """`` (measured free on its GPU N MiB)`` where that measurement, not capacity, limits ``worker``."""
+def _measured(view: ClusterView, worker: str) -> str:
+    """`` (other processes leave N on its GPU)`` where that measured room, not capacity, limits ``worker``."""
     w = view.workers[worker]
-    measured = w.measured_free_bytes
-    if measured is None or measured >= w.capacity_bytes - _held(view, worker, used):
+    room = w.device_room_bytes
+    if room is None or room >= w.capacity_bytes:
         return ""
-    return f" (measured free on its GPU {format_bytes(measured)})"
+    return f" (other processes leave {format_bytes(room)} on its GPU)"
 
 
 def _labels(labels: Mapping[str, str]) -> str:

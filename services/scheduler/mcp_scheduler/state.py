@@ -11,7 +11,7 @@ Invariants:
 - Listeners (``listen``) hear, per applied batch, which models changed (their spec, traffic, routing,
   replicas, demand or breaker), which models' status documents changed, which workers changed in a way
   the planner reads (record, drain, stop; a load report that only moves the heartbeat, load figures or
-  the measured free GPU memory is no change: the next planning reads it), and whether the mirror listed
+  the room measured on its GPU is no change: the next planning reads it), and whether the mirror listed
   afresh. Router stats and other keys concern no model.
 - An operator-written document that does not parse (spec, traffic, breaker) is rejected: logged, counted
   (``mcp_config_rejected_total``) and ignored, and the last good value stays in force; the rejection is kept
@@ -331,7 +331,7 @@ class ClusterState:
         if (old is None) != (new is None) or (
             old is not None
             and new is not None
-            and replace(new, last_beat=old.last_beat, measured_free_bytes=old.measured_free_bytes) != old
+            and replace(new, last_beat=old.last_beat, device_room_bytes=old.device_room_bytes) != old
         ):
             changes.workers.add(worker)
 

@@ -48,9 +48,11 @@ class WorkerInfo:
     draining: bool = False  # ``/mcp/drain/<id>``: takes no new replicas, its replicas move away
     last_beat: float = 0.0
     incarnation: str = ""  # the worker process now holding the id ("": a record from before incarnations)
-    # free memory its GPU had at the last load report (NVML: total - used, every process's): placement uses
-    # no more than that; None without a measurement (no NVML, a CPU worker, an older worker)
-    measured_free_bytes: int | None = None
+    # memory its GPU has for this worker's models: the device's total less what other processes hold
+    # (NVML, at its last load report; its own models' bytes are not subtracted, so it moves only when others'
+    # use does); placement counts at most that as capacity. None: not reported (a worker without
+    # place_by_gpu_memory, no NVML, an older worker)
+    device_room_bytes: int | None = None
 
 
 @dataclass(frozen=True)

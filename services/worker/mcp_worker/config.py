@@ -100,6 +100,10 @@ class WorkerConfig:
     #: This worker's GPU (an index among those CUDA_VISIBLE_DEVICES shows): where its cuda models and ONNX
     #: models with ``device: gpu`` run, whose memory it reports, and whose NUMA node ``numa_pin`` uses.
     gpu_index: int = 0
+    #: Publish the room its GPU has for its models (the device's memory less what other processes hold,
+    #: NVML) in its load reports, so the scheduler places no more there. For GPU workers; a CPU worker on a
+    #: GPU host leaves it off (its models live in host memory).
+    place_by_gpu_memory: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "worker_id", instance_id(self.worker_id, "worker_id"))

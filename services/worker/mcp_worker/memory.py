@@ -39,6 +39,11 @@ class MemoryBudget:
 
     def reserve(self, name: str, nbytes: int) -> None:
         """Hold ``nbytes`` for ``name`` (replacing what it held before)."""
+        self.check(name, nbytes)
+        self._held[name] = nbytes
+
+    def check(self, name: str, nbytes: int) -> None:
+        """Raise ``ResourceExhausted`` unless ``reserve(name, nbytes)`` would fit now; changes nothing."""
         if nbytes < 0:
             raise ValueError(f"negative reservation for {name}: {nbytes}")
         available = self.free + self.held(name)
@@ -48,7 +53,6 @@ class MemoryBudget:
                 f"{human_bytes(self.capacity)} is free on {self._owner}; unload a model or raise "
                 "memory_capacity_bytes"
             )
-        self._held[name] = nbytes
 
     def release(self, name: str) -> int:
         return self._held.pop(name, 0)

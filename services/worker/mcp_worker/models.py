@@ -317,7 +317,13 @@ class ModelManager:
         backend: Backend | None = None
         try:
             artifact = await loop.run_in_executor(None, self._repo.load, rid.model, rid.version)
-            make = functools.partial(create_backend, artifact.config, artifact.weights, device=self.device)
+            make = functools.partial(
+                create_backend,
+                artifact.config,
+                artifact.weights,
+                device=self.device,
+                fits=functools.partial(self.budget.check, name),  # all the copies, before the second is made
+            )
             backend = await loop.run_in_executor(None, make)
             if self._on_work is not None and hasattr(backend, "on_work"):
                 backend.on_work = lambda macs, model=rid.model: self._on_work(model, macs)  # type: ignore[misc]

@@ -4,6 +4,11 @@
 daemon thread and keeps the latest ``Reading`` per device; the heartbeat and the metrics only look at
 that. NVML calls can take milliseconds (and ``nvidia-smi`` tens of them), so none runs on a loop.
 
+NVML numbers the GPUs physically; CUDA numbers those ``CUDA_VISIBLE_DEVICES`` shows. ``index_of`` turns a
+CUDA index (the worker's ``gpu_index``) into NVML's: by position in ``CUDA_VISIBLE_DEVICES`` (indices or
+``GPU-`` UUIDs); unset, they agree when ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (CUDA's default, fastest first,
+differs only on a host with mixed GPU models). MIG devices are not mapped.
+
 Invariants: without the library or a driver the sampler does not start, says why once (``reason``) and
 reports no devices; a device that fails a read keeps its last reading and the thread goes on. The NVML
 module is injectable, so the logic is tested on machines without a GPU.
@@ -12,13 +17,14 @@ module is injectable, so the logic is tested on machines without a GPU.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-__all__ = ["GpuSampler", "Reading"]
+__all__ = ["GpuSampler", "Reading", "nvml_index"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +43,29 @@ def _load_nvml() -> ModuleType | None:
     except ImportError:
         return None
     return pynvml
+
+
+def nvml_index(cuda_index: int, nvml: Any, handles: list[Any], visible: str | None = None) -> int | None:
+    """NVML's index of the GPU CUDA calls ``cuda_index`` (None: not visible, or not mappable), given an
+    initialised NVML and its ``handles`` in NVML order; ``visible``: ``CUDA_VISIBLE_DEVICES`` (read when
+    None)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    if visible is None:
+        return cuda_index if cuda_index < len(handles) else None
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    if cuda_index >= len(entries):
+        return None
+    entry = entries[cuda_index]
+    if entry.isdigit():
+        return int(entry) if int(entry) < len(handles) else None
+    for index, handle in enumerate(handles):
+        try:
+            uuid = nvml.nvmlDeviceGetUUID(handle)
+        except Exception:
+            return None
+        if (uuid.decode() if isinstance(uuid, bytes) else str(uuid)) == entry:
+            return index
+    return None
 
 
 class GpuSampler:
@@ -78,6 +107,10 @@ class GpuSampler:
                 self._nvml.nvmlShutdown()
             except Exception:
                 log.debug("nvmlShutdown failed", exc_info=True)
+
+    def index_of(self, cuda_index: int) -> int | None:
+        """NVML's index of CUDA's device ``cuda_index`` (``nvml_index``); None without NVML."""
+        return nvml_index(cuda_index, self._nvml, self._handles) if self._handles else None
 
     def readings(self) -> dict[int, Reading]:
         return dict(self._readings)  # replaced whole by the thread: a consistent copy

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -32,6 +33,7 @@ from prometheus_client import CollectorRegistry
 
 from mcp_worker import numa
 from mcp_worker.admission import Admission
+from mcp_worker.backends import cuda_device
 from mcp_worker.batching import Dispatcher
 from mcp_worker.breakers import BreakerWatch
 from mcp_worker.buffers import BatchBuffers
@@ -60,7 +62,7 @@ from mcpcore.signing import RecordSigner, payload
 from mcpcore.tls import load_curve_keypair
 from mcpcore.windows import WindowPublisher, Windows
 
-__all__ = ["Worker", "WorkerMetrics", "device_free_bytes"]
+__all__ = ["Worker", "WorkerMetrics", "device_room_bytes"]
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "mcpapi.v2.WorkerControl"
@@ -216,6 +218,7 @@ class Worker:
         self._metrics_server: Any = None
         self._started = time.time()
         self.gpus = GpuSampler()
+        self._nvml_index: int | None = None  # NVML's number for this worker's GPU (gpu_index is CUDA's)
         self._lag = LoopLagMonitor(self.metrics.loop_lag.observe)
         self.draining = ""  # the reason, once a graceful stop began
         self._drain = Drain(
@@ -235,8 +238,17 @@ class Worker:
         self._lag.start()
         if not await asyncio.to_thread(self.gpus.start):  # NVML's first calls can take a while
             log.info("GPU metrics off: %s", self.gpus.reason)
+        self._nvml_index = self.gpus.index_of(cfg.gpu_index)
+        legacy = os.environ.get(cuda_device.DEVICE_ENV)
+        if legacy is not None and legacy.strip() != str(cfg.gpu_index):
+            log.warning(
+                "%s=%s is not used by a worker: its GPU models run on gpu_index %d (MCP_WORKER_GPU_INDEX)",
+                cuda_device.DEVICE_ENV, legacy, cfg.gpu_index,
+            )  # fmt: skip
         if cfg.numa_pin:
-            bus_id = cfg.gpu_pci_bus_id or self.gpus.pci_bus_id(cfg.gpu_index)
+            bus_id = cfg.gpu_pci_bus_id or (
+                self.gpus.pci_bus_id(self._nvml_index) if self._nvml_index is not None else None
+            )
             if bus_id:
                 numa.pin_to_gpu_numa_node(bus_id)
             else:
@@ -423,8 +435,8 @@ class Worker:
         for index, reading in self.gpus.readings().items():
             self.metrics.gpu_utilization.labels(str(index)).set(reading.utilization)
             self.metrics.gpu_memory.labels(str(index)).set(reading.memory_used_bytes)
-        cuda = [r for r in self.manager.replicas() if r.config.backend == "cuda"]
-        if cuda and not self.gpus.readings():  # no NVML: what this worker's replicas hold, at least
+        cuda = [r for r in self.manager.replicas() if r.backend.device != "cpu"]
+        if cuda and not self.gpus.readings():  # no NVML: what this worker's GPU replicas hold, at least
             device = str(self.config.gpu_index)
             self.metrics.gpu_memory.labels(device).set(sum(r.backend.memory_bytes for r in cuda))
 
@@ -467,19 +479,23 @@ class Worker:
             "device_error": "",
             "models": models,
         }
-        free = device_free_bytes(self.gpus.readings(), self.config.gpu_index)
-        if free is not None:  # absent: not measured (no NVML, no GPU): the scheduler goes by capacity alone
-            report["device_free_bytes"] = free
+        if self.config.place_by_gpu_memory and self._nvml_index is not None:
+            own = sum(r.memory_bytes for r in self.manager.replicas() if r.backend.device != "cpu")
+            room = device_room_bytes(self.gpus.readings(), self._nvml_index, own)
+            if room is not None:  # absent: not measured: the scheduler goes by capacity alone
+                report["device_room_bytes"] = room
         return report
 
 
-def device_free_bytes(readings: Mapping[int, Reading], index: int) -> int | None:
-    """Free memory of GPU ``index`` at its latest reading (every process's use counted), None without one:
-    the scheduler places no more than that on this worker."""
+def device_room_bytes(readings: Mapping[int, Reading], index: int, own: int) -> int | None:
+    """The memory NVML device ``index`` has for this worker's models: its total less what other processes
+    hold (used less ``own``, the bytes this worker's GPU replicas hold); None without a reading. It does
+    not move when this worker loads or unloads, so a report a heartbeat old is still right about it."""
     reading = readings.get(index)
     if reading is None:
         return None
-    return max(0, reading.memory_total_bytes - reading.memory_used_bytes)
+    others = max(0, reading.memory_used_bytes - own)
+    return max(0, reading.memory_total_bytes - others)
 
 
 def _request_args(h: tensor_pb2.TensorHeader) -> dict[str, Any]:

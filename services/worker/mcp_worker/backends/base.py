@@ -151,10 +151,12 @@ def backend_class(name: str) -> type[Backend]:
     return cls
 
 
-def create_backend(config: ModelConfig, weights: bytes | None, *, device: int = 0) -> Backend:
+def create_backend(
+    config: ModelConfig, weights: bytes | None, *, device: int = 0, fits: Callable[[int], None] | None = None
+) -> Backend:
     """Load ``config``'s model from its (decrypted) weights bytes with the backend it names, on GPU
     ``device`` where it runs on one; ``instance_count`` > 1 makes that many instances behind one
-    (``instances.Instances``)."""
+    (``instances.Instances``), asking ``fits`` for their bytes before making the second."""
     cls = backend_class(config.backend)
     ok, reason = cls.available()
     if not ok:
@@ -169,7 +171,7 @@ def create_backend(config: ModelConfig, weights: bytes | None, *, device: int = 
         return make()
     from mcp_worker.backends.instances import Instances  # noqa: PLC0415  (it imports this module)
 
-    return Instances(config, make)
+    return Instances(config, make, fits)
 
 
 def _warmup_input(spec: TensorSpec, dtype: np.dtype) -> np.ndarray:

@@ -2,13 +2,14 @@
 
 ``create_backend`` builds one ``Instances`` for a model with ``instance_count`` > 1: every instance is
 loaded (a failed one closes those already made), warmed up and closed together, and each run takes the
-instance with the fewest runs in progress (the next in turn among equals). A backend whose runs cannot overlap (``concurrent`` false: the
-cuda backend's one stream per instance) gets at most ``instance_count`` batches at once from the worker's
-dispatcher (``ModelManager``), so each batch has an instance to itself; a thread-safe backend (numpy,
-onnx on the CPU) may take more, shared out evenly.
+instance with the fewest runs in progress (the next in turn among equals). A backend whose runs cannot
+overlap (``concurrent`` false: the cuda backend's one stream per instance) gets at most ``instance_count``
+batches at once from the worker's dispatcher (``ModelManager``), so each batch has an instance to itself;
+a thread-safe backend (numpy, onnx on the CPU) may take more, shared out evenly.
 
 Invariants: ``memory_bytes`` and ``measured_device_bytes`` are the instances' sums; the instances are
-alike (one config, one device), so ``device`` and ``fallback`` are the first one's.
+alike (one config, one device), so ``device`` and ``fallback`` are the first one's. ``fits`` (the worker's
+budget check) is asked for all the copies' bytes once the first is made, before the others are.
 """
 
 from __future__ import annotations
@@ -29,12 +30,16 @@ __all__ = ["Instances"]
 class Instances(Backend):
     name = "instances"  # until the first instance is made: then its backend's name
 
-    def __init__(self, config: ModelConfig, make: Callable[[], Backend]) -> None:
+    def __init__(
+        self, config: ModelConfig, make: Callable[[], Backend], fits: Callable[[int], None] | None = None
+    ) -> None:
         super().__init__(config, None)
         self.instances: list[Backend] = []
         try:
             for _ in range(config.instance_count):
                 self.instances.append(make())
+                if len(self.instances) == 1 and fits is not None:  # raises when all copies cannot fit
+                    fits(config.instance_count * self.instances[0].memory_bytes)
         except BaseException:
             for instance in self.instances:
                 instance.close()

@@ -23,15 +23,18 @@ Invariants:
   driver: onnxruntime then quietly runs on the CPU), the load fails ``FailedPrecondition`` saying what to
   install, unless model.yaml says ``cpu_fallback: true``: then it runs on the CPU and ``fallback`` says
   why (the replica record shows it). ``device`` tells where it runs: ``cpu`` or ``gpu:<index>``.
-- On a GPU a run binds its inputs and outputs (``io_binding``): inputs are copied once from the request's
-  host memory straight to the device, outputs come back once; ``measured_device_bytes`` is the drop of
-  the device's free memory (NVML) across the load (other processes on that GPU show there too), and
-  ``memory_bytes`` the larger of it and the model's bytes. Closing drops the sessions, which frees their
-  device memory (onnxruntime's arena goes with its session).
+- On a GPU a run binds its inputs and outputs (``io_binding``): each input is copied once from the
+  request's host memory (pageable: no pinned staging buffer yet) to the device, each output once back.
+  ``measured_device_bytes`` is the rise of the device's used memory (NVML) across the load and a run at
+  ``max_batch_size`` rows (the arena grows on first runs; GPU loads are serialised so each measures only
+  itself, but other processes on that GPU show there too, and the first GPU model also carries the CUDA
+  context), and ``memory_bytes`` the larger of it and the model's bytes. Closing drops the sessions,
+  which frees their device memory (onnxruntime's arena goes with its session).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Mapping
@@ -40,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from mcp_worker.backends.base import Backend, short_error
+from mcp_worker.nvml import nvml_index
 from mcpcore.errors import DataLoss, FailedPrecondition, InvalidArgument
 from mcpcore.modelspec import ModelConfig, TensorSpec
 
@@ -58,6 +62,7 @@ log = logging.getLogger(__name__)
 CPU_PROVIDER = "CPUExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"
 _PROVIDER = CPU_PROVIDER  # every onnxruntime build has it: the backend is available wherever that is
+_GPU_LOADS = threading.Lock()  # GPU loads measure device memory around themselves: one at a time
 _INSTALL_HINT = (
     "on a host with CUDA, put onnxruntime-gpu in place of onnxruntime "
     "(pip uninstall -y onnxruntime; pip install 'mcpmesh[onnx-gpu]')"
@@ -107,29 +112,53 @@ class OnnxBackend(Backend):
             config, ort.get_available_providers(), index, self._where
         )
         gpu = self._providers[0] != CPU_PROVIDER
-        used_before = _device_used_bytes(index) if gpu else None
-        self._session: Any = _session(bytes(weights), intra_op_num_threads, self._where, self._providers)
-        if gpu and CUDA_PROVIDER not in self._session.get_providers():  # it could not start the provider
-            why = f"onnxruntime could not start {CUDA_PROVIDER} on GPU {index} (no GPU or CUDA driver here?)"
-            if not config.cpu_fallback:
-                raise FailedPrecondition(f"{self._where}: device: gpu, but {why}; or set cpu_fallback: true")
-            self._providers, self.fallback, gpu = [CPU_PROVIDER], why, False
-        self.device = f"gpu:{index}" if gpu else "cpu"
-        if self.fallback:
-            log.warning("%s: runs on the CPU: %s (cpu_fallback: true)", self._where, self.fallback)
-        self._check_signature()
-        self._outputs = [spec.name for spec in config.outputs]
-        self.memory_bytes = len(weights)
         self.measured_device_bytes = 0
-        if gpu and used_before is not None and (used_after := _device_used_bytes(index)) is not None:
-            self.measured_device_bytes = max(0, used_after - used_before)
-            self.memory_bytes = max(self.memory_bytes, self.measured_device_bytes)
         self._pruned: dict[frozenset[str], Any] = {}  # skipped outputs -> a session without their nodes
         self._threads = intra_op_num_threads
         self._bytes = bytes(weights) if config.qos.secondary_features else b""
         self._lock = threading.Lock()
-        if config.qos.secondary_features:  # the one breaker level 2 uses with the default policy
-            self._session_for(frozenset(config.qos.secondary_features))
+        self._outputs = [spec.name for spec in config.outputs]
+        with _GPU_LOADS if gpu else contextlib.nullcontext():  # one at a time: each measures its own load
+            used_before = _device_used_bytes(index) if gpu else None
+            self._session: Any = _session(bytes(weights), intra_op_num_threads, self._where, self._providers)
+            if gpu and CUDA_PROVIDER not in self._session.get_providers():  # it could not start the provider
+                why = (
+                    f"onnxruntime could not start {CUDA_PROVIDER} on GPU {index} (no GPU or driver, a device "
+                    "index past the visible GPUs, or no device memory left; onnxruntime's own words are on "
+                    "the worker's stdout)"
+                )
+                if not config.cpu_fallback:
+                    raise FailedPrecondition(
+                        f"{self._where}: device: gpu, but {why}; or set cpu_fallback: true"
+                    )
+                self._providers, self.fallback, gpu = [CPU_PROVIDER], why, False
+            self.device = f"gpu:{index}" if gpu else "cpu"
+            if self.fallback:
+                log.warning("%s: runs on the CPU: %s (cpu_fallback: true)", self._where, self.fallback)
+            self._check_signature()
+            self.memory_bytes = len(weights)
+            if config.qos.secondary_features:  # the one breaker level 2 uses with the default policy
+                self._session_for(frozenset(config.qos.secondary_features))
+            if gpu and used_before is not None:
+                self.infer(self._largest_batch())  # onnxruntime's device arena grows on the first runs
+                used_after = _device_used_bytes(index)
+                if used_after is not None:
+                    self.measured_device_bytes = max(0, used_after - used_before)
+                    self.memory_bytes = max(self.memory_bytes, self.measured_device_bytes)
+
+    def _largest_batch(self) -> dict[str, np.ndarray]:
+        """Zeros at ``max_batch_size`` rows (every other variable dim 1): what the arena must hold."""
+        batched = self.config.max_batch_size > 0
+        return {
+            spec.name: np.zeros(
+                [
+                    self.config.max_batch_size if i == 0 and batched else max(d, 1)
+                    for i, d in enumerate(spec.shape)
+                ],
+                dtype=self._dtypes[spec.name],
+            )
+            for spec in self.config.inputs
+        }
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
@@ -236,14 +265,17 @@ def choose_providers(
     return [CPU_PROVIDER], why
 
 
-def _device_used_bytes(index: int) -> int | None:
-    """GPU ``index``'s used memory from NVML, or None without NVML."""
+def _device_used_bytes(cuda_index: int) -> int | None:
+    """The used memory of the GPU CUDA calls ``cuda_index``, from NVML (every process's), or None without
+    NVML or a mapping to its device (``nvml.nvml_index``)."""
     try:
         import pynvml  # noqa: PLC0415  (nvidia-ml-py; only GPU hosts have it)
 
         pynvml.nvmlInit()
         try:
-            return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).used)
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            index = nvml_index(cuda_index, pynvml, handles)
+            return None if index is None else int(pynvml.nvmlDeviceGetMemoryInfo(handles[index]).used)
         finally:
             pynvml.nvmlShutdown()
     except Exception:

@@ -1,11 +1,11 @@
-"""Placement respects the free GPU memory a worker measured (``device_free_bytes`` in its load report), end
-to end: a real scheduler process, a real etcd, and two simulated workers (``bench/sim_workers.py``'s
+"""Placement respects the room a worker's GPU has for it (``device_room_bytes`` in its load report: the
+device's memory less what other processes hold), end to end: a real scheduler process, a real etcd, and two simulated workers (``bench/sim_workers.py``'s
 ``SimWorker``: the records and replica writes of a real worker, no model code) served from this test.
 
 The workers are simulated rather than real worker processes because a real worker rewrites its load report
 every heartbeat from its own NVML readings (none on a CPU-only host): here the test writes each report, so
 the figure the scheduler reads is the one the test chose. The worker's side (the figure a real worker
-reports from NVML) is tests/unit/test_worker_device_free.py.
+reports from NVML) is tests/unit/test_worker_device_room.py.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _spec(model: str, mib: int) -> model_pb2.ModelSpec:
     return model_pb2.ModelSpec(model=model, versions=["1"], replicas=1, placement=placement)
 
 
-async def test_placement_goes_by_measured_free_gpu_memory_and_says_so_when_short(tmp_path, etcd_endpoint):
+async def test_placement_goes_by_the_room_its_gpu_has_and_says_so_when_short(tmp_path, etcd_endpoint):
     prefix, incarnation = f"/t{uuid.uuid4().hex[:8]}/mcp", uuid.uuid4().hex[:12]
     keys = Keyspace(prefix)
     servers: list[grpc.aio.Server] = []
@@ -48,13 +48,13 @@ async def test_placement_goes_by_measured_free_gpu_memory_and_says_so_when_short
         lease = await store.grant_lease(10)
         keepalive = store.keep_alive(lease)
 
-        async def report(worker: str, free_mib: int) -> None:
-            body = {"stopped": "", "last_beat": time.time(), "device_free_bytes": free_mib * MiB}
+        async def report(worker: str, room_mib: int) -> None:
+            body = {"stopped": "", "last_beat": time.time(), "device_room_bytes": room_mib * MiB}
             await store.put(keys.worker_load(worker), json.dumps(body).encode(), lease=lease.id)
 
         try:
-            # gpu-a sorts first, so on equal book figures it would win the tie: its GPU has 100 MiB free
-            for worker, free_mib in (("gpu-a", 100), ("gpu-b", 900)):
+            # gpu-a sorts first, so on equal book figures it would win the tie: others leave 100 MiB on its GPU
+            for worker, room_mib in (("gpu-a", 100), ("gpu-b", 900)):
                 server = grpc.aio.server()
                 worker_pb2_grpc.add_WorkerControlServicer_to_server(
                     SimWorker(worker, store, keys, incarnation, 0), server
@@ -67,7 +67,7 @@ async def test_placement_goes_by_measured_free_gpu_memory_and_says_so_when_short
                     "memory_capacity_bytes": CAPACITY, "labels": {}, "incarnation": incarnation,
                 }  # fmt: skip
                 await store.put(keys.worker(worker), json.dumps(record).encode(), lease=lease.id)
-                await report(worker, free_mib)
+                await report(worker, room_mib)
             await asyncio.to_thread(scheduler.start)
             async with grpc.aio.insecure_channel(scheduler.endpoints["grpc"]) as channel:
                 stub = control_pb2_grpc.ModelControlStub(channel)
@@ -75,16 +75,17 @@ async def test_placement_goes_by_measured_free_gpu_memory_and_says_so_when_short
                 status = (await stub.LoadModel(request, timeout=30)).status
                 assert [(r.worker_id, r.state) for r in status.replicas] == [("gpu-b", model_pb2.RUNNING)]
 
-                # both GPUs fill up with other processes' memory: the book still shows room on both
+                # other processes take more of both GPUs: the book still shows room on both; gpu-b's
+                # figure leaves out the 300 MiB its own copy holds (they stay its to count)
                 await report("gpu-a", 50)
-                await report("gpu-b", 80)
+                await report("gpu-b", 400)
                 with pytest.raises(grpc.aio.AioRpcError) as info:
                     await stub.LoadModel(control_pb2.LoadModelRequest(spec=_spec("too-big", 200)), timeout=30)
                 assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
                 details = info.value.details()
                 assert "cannot place too-big/1" in details
-                assert "gpu-b has 80.0 MiB free (measured free on its GPU 80.0 MiB)" in details
-                assert "gpu-a 50.0 MiB (measured free on its GPU 50.0 MiB)" in details
+                assert "gpu-b has 100.0 MiB free (other processes leave 0.4 GiB on its GPU)" in details
+                assert "gpu-a 50.0 MiB (other processes leave 50.0 MiB on its GPU)" in details
         finally:
             await asyncio.to_thread(scheduler.stop)
             for server in servers:

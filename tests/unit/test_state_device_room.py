@@ -1,4 +1,4 @@
-"""The scheduler's mirror and a load report's ``device_free_bytes``: in the view at once, no worker change
+"""The scheduler's mirror and a load report's ``device_room_bytes``: in the view at once, no worker change
 (a heartbeat replans nothing); a figure that does not parse is the report's parse error, as for any field.
 
 The mirror is fed by hand (no etcd), as in test_reconciler_queue.
@@ -41,21 +41,21 @@ def test_a_new_measured_figure_is_in_the_view_but_no_worker_change():
     m.put(K.worker("w1"), RECORD)
     assert {"w1"} <= m.changes[-1].workers  # registered
     assert m.beat(1.0) == set()  # a heartbeat
-    assert m.state.view().workers["w1"].measured_free_bytes is None
-    assert m.beat(2.0, device_free_bytes=3 * GiB) == set()
-    assert m.state.view().workers["w1"].measured_free_bytes == 3 * GiB  # the next planning reads it
-    assert m.beat(3.0, device_free_bytes=GiB) == set()
-    assert m.state.view().workers["w1"].measured_free_bytes == GiB
+    assert m.state.view().workers["w1"].device_room_bytes is None
+    assert m.beat(2.0, device_room_bytes=3 * GiB) == set()
+    assert m.state.view().workers["w1"].device_room_bytes == 3 * GiB  # the next planning reads it
+    assert m.beat(3.0, device_room_bytes=GiB) == set()
+    assert m.state.view().workers["w1"].device_room_bytes == GiB
     assert m.beat(4.0) == set()  # the measurement went away (NVML stopped answering): capacity alone
-    assert m.state.view().workers["w1"].measured_free_bytes is None
-    assert m.beat(5.0, device_free_bytes=GiB, stopped="emergency") == {"w1"}  # a real change still is one
+    assert m.state.view().workers["w1"].device_room_bytes is None
+    assert m.beat(5.0, device_room_bytes=GiB, stopped="emergency") == {"w1"}  # a real change still is one
 
 
 def test_a_report_with_a_hostile_figure_does_not_parse():
     m = Mirror()
     m.put(K.worker("w1"), RECORD)
-    m.beat(1.0, device_free_bytes=GiB)
-    assert m.beat(2.0, device_free_bytes=-5) == {"w1"}  # as any bad load report field: the worker is out
+    m.beat(1.0, device_room_bytes=GiB)
+    assert m.beat(2.0, device_room_bytes=-5) == {"w1"}  # as any bad load report field: the worker is out
     assert "w1" not in m.state.view().workers
-    assert m.beat(3.0, device_free_bytes=GiB) == {"w1"}
-    assert m.state.view().workers["w1"].measured_free_bytes == GiB
+    assert m.beat(3.0, device_room_bytes=GiB) == {"w1"}
+    assert m.state.view().workers["w1"].device_room_bytes == GiB
