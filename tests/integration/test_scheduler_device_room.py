@@ -1,6 +1,7 @@
 """Placement respects the room a worker's GPU has for it (``device_room_bytes`` in its load report: the
-device's memory less what other processes hold), end to end: a real scheduler process, a real etcd, and two simulated workers (``bench/sim_workers.py``'s
-``SimWorker``: the records and replica writes of a real worker, no model code) served from this test.
+device's memory less what other processes hold), end to end: a real scheduler process, a real etcd, and
+two simulated workers (``bench/sim_workers.py``'s ``SimWorker``: the records and replica writes of a real
+worker, no model code) served from this test.
 
 The workers are simulated rather than real worker processes because a real worker rewrites its load report
 every heartbeat from its own NVML readings (none on a CPU-only host): here the test writes each report, so
@@ -53,7 +54,7 @@ async def test_placement_goes_by_the_room_its_gpu_has_and_says_so_when_short(tmp
             await store.put(keys.worker_load(worker), json.dumps(body).encode(), lease=lease.id)
 
         try:
-            # gpu-a sorts first, so on equal book figures it would win the tie: others leave 100 MiB on its GPU
+            # gpu-a sorts first, so on equal book figures it would win: others leave 100 MiB on its GPU
             for worker, room_mib in (("gpu-a", 100), ("gpu-b", 900)):
                 server = grpc.aio.server()
                 worker_pb2_grpc.add_WorkerControlServicer_to_server(
