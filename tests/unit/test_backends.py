@@ -406,6 +406,8 @@ def test_instance_count_loads_that_many_and_spreads_runs_over_them() -> None:
     for out in outs:
         np.testing.assert_allclose(out, single.infer({"X": x})["Y"], rtol=1e-6)
     assert len(set(used)) == 3 and backend.runs() == [0, 0, 0]
+    backend.on_work = print  # what the worker sets after a load reaches every copy
+    assert all(instance.on_work is print for instance in backend.instances) and backend.on_work is print
     backend.close()
     assert all(instance._closed for instance in backend.instances)
 

@@ -27,6 +27,20 @@ from mcpcore.modelspec import ModelConfig
 __all__ = ["Instances"]
 
 
+def _to_every_instance(name: str) -> property:
+    """An attribute read from the first instance and set on every instance that has it."""
+
+    def get(self: Instances) -> Any:
+        return getattr(self.instances[0], name, None)
+
+    def put(self: Instances, value: Any) -> None:
+        for instance in self.instances:
+            if hasattr(instance, name):
+                setattr(instance, name, value)
+
+    return property(get, put)
+
+
 class Instances(Backend):
     name = "instances"  # until the first instance is made: then its backend's name
 
@@ -58,25 +72,8 @@ class Instances(Backend):
         self._lock = threading.Lock()
 
     # what the worker sets on a backend after the load goes to every instance
-    @property
-    def on_work(self) -> Any:
-        return getattr(self.instances[0], "on_work", None)
-
-    @on_work.setter
-    def on_work(self, value: Any) -> None:
-        for instance in self.instances:
-            if hasattr(instance, "on_work"):
-                instance.on_work = value  # type: ignore[attr-defined]
-
-    @property
-    def fault_directory(self) -> Any:
-        return getattr(self.instances[0], "fault_directory", None)
-
-    @fault_directory.setter
-    def fault_directory(self, value: Any) -> None:
-        for instance in self.instances:
-            if hasattr(instance, "fault_directory"):
-                instance.fault_directory = value  # type: ignore[attr-defined]
+    on_work = _to_every_instance("on_work")
+    fault_directory = _to_every_instance("fault_directory")
 
     def infer(
         self,
