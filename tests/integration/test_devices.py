@@ -17,7 +17,7 @@ from harness import etcd_get, mlp_reference, small_mesh
 from mcpapi.kserve import grpc_service_pb2 as kserve
 from mcpapi.kserve import grpc_service_pb2_grpc as kserve_grpc
 from mcpapi.kserve import model_config_pb2 as mc
-from mcpapi.v2 import worker_pb2
+from mcpapi.v2 import control_pb2, control_pb2_grpc, model_pb2
 from mcpcore.keys import Keyspace
 
 X = np.random.default_rng(3).standard_normal((3, 64)).astype(np.float32)
@@ -71,14 +71,16 @@ def test_a_gpu_model_allowed_to_fall_back_serves_on_the_cpu_and_says_why(mesh, r
     assert (group.count, group.kind) == (2, mc.ModelInstanceGroup.KIND_CPU)
 
 
-def test_a_gpu_model_without_fallback_fails_its_load_saying_what_to_install(mesh, etcd_endpoint):  # type: ignore[no-untyped-def]
-    control = mesh.worker.control()
+def test_a_gpu_model_without_fallback_fails_its_load_saying_what_to_install(mesh):  # type: ignore[no-untyped-def]
+    """Through the scheduler, as an operator loads it: LoadModel fails with the worker's words, and the
+    worker goes on serving the rest."""
+    control = control_pb2_grpc.ModelControlStub(mesh.scheduler.channel())
+    spec = model_pb2.ModelSpec(model="onnx-gpu-only", versions=["1"], replicas=1)
     with pytest.raises(grpc.RpcError) as info:
-        control.Load(worker_pb2.LoadRequest(model="onnx-gpu-only", version="1"), timeout=30)
-    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        control.LoadModel(control_pb2.LoadModelRequest(spec=spec), timeout=30)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # its one worker failed it: no other
+    details = info.value.details()
+    assert f"{mesh.worker.worker_id} failed to load it: load failed: " in details
     for words in ("device: gpu", "no CUDAExecutionProvider", "onnxruntime-gpu", "cpu_fallback: true"):
-        assert words in info.value.details()
-    key = Keyspace(mesh.worker.prefix).replica("onnx-gpu-only", "1", mesh.worker.worker_id)
-    record = etcd_get(etcd_endpoint, key)
-    assert record["state"] == "ERROR" and "no CUDAExecutionProvider" in record["reason"]
-    _infer(mesh.router.channel(), "onnx-gpu-or-cpu")  # the worker goes on serving the rest
+        assert words in details
+    _infer(mesh.router.channel(), "onnx-gpu-or-cpu")

@@ -65,6 +65,9 @@ def test_never_a_second_copy_on_the_same_worker():
     p = put(v)
     assert p.workers == []
     assert "w1 already holds a copy" in p.shortfall
+    failed = ReplicaInfo("m", "1", "w1", S.ERROR, 0.0, reason="load failed: no CUDAExecutionProvider")
+    p = put(view([worker("w1")], [failed]))  # the operator's LoadModel answer carries the worker's words
+    assert p.workers == [] and "w1 failed to load it: load failed: no CUDAExecutionProvider" in p.shortfall
 
 
 def test_labels_must_all_match():

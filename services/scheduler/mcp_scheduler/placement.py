@@ -170,8 +170,13 @@ def _why_not(view: ClusterView, w: WorkerInfo, ask: _Ask) -> str | None:
         return "is stopped"
     if w.draining:
         return "is draining"
-    if (ask.model, ask.version, w.id) in view.replicas:
-        return "already holds a copy"
+    held = view.replicas.get((ask.model, ask.version, w.id))
+    if held is not None:  # a copy that failed there says why (the worker's words), so LoadModel's answer does
+        return (
+            f"failed to load it: {held.reason}"
+            if held.state is S.ERROR and held.reason
+            else "already holds a copy"
+        )
     if w.id in ask.excluded:
         return "is excluded (a recent failure there, or a load under way)"
     return None
