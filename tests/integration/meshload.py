@@ -240,19 +240,19 @@ class SdkLoad:
         wait_for(lambda: self.ok() >= target, timeout_s, 0.1, f"{more} more answers from {self._model}")
 
     def pause(self) -> None:
-        """Freeze the client processes (SIGSTOP): they send nothing until ``resume``."""
+        """Send nothing more until ``resume`` (SIGUSR1; calls in flight finish: a client frozen with
+        SIGSTOP past its deadline would count them as timeouts)."""
         for proc in self._procs:
-            proc.send_signal(signal.SIGSTOP)
+            proc.send_signal(signal.SIGUSR1)
 
     def resume(self) -> None:
         for proc in self._procs:
-            proc.send_signal(signal.SIGCONT)
+            proc.send_signal(signal.SIGUSR2)
 
     def stop(self) -> LoadResult:
         if not self._procs:
             return self.result
         for proc in self._procs:
-            proc.send_signal(signal.SIGCONT)  # a paused one would not act on its SIGTERM
             proc.send_signal(signal.SIGTERM)
         for proc in self._procs:
             proc.wait(60)

@@ -403,10 +403,10 @@ def slow_beside_fast(d: Drill) -> None:
     model keeps answering, its p99 within 2x of its baseline (checked in make chaos; reported always).
 
     The baseline is measured in the same run, interleaved: the slow model's client processes are paused
-    (SIGSTOP) and resumed for ``SLOW_ROUNDS`` pairs of windows while the fast clients run throughout, and
-    each p99 pools the answers sent and received inside its windows. A noisy machine then slows both
-    sides alike; what differs is only the slow model's traffic. The drill's background load is paused
-    meanwhile: on two cores it alone saturates the CPU, and the p99 would measure that."""
+    (they send nothing new) and resumed for ``SLOW_ROUNDS`` pairs of windows while the fast clients run
+    throughout, and each p99 pools the answers sent and received inside its windows. A noisy machine then
+    slows both sides alike; what differs is only the slow model's traffic. The drill's background load is
+    paused meanwhile: on two cores it alone saturates the CPU, and the p99 would measure that."""
     mesh = d.mesh
     mesh.load("demo-slow", 1)
     windows: dict[str, list[tuple[float, float]]] = {"alone": [], "beside": []}

@@ -1,15 +1,15 @@
 """A client process of the chaos drills: closed-loop threads on one ``mcpclient.MeshClient`` over every
 router, every answer checked. ``python sdk_load.py STATUS_FILE --routers A,B --repo DIR --model M``.
-
 Each thread sends its own inputs (seeded by process and thread, so no two clients share one) and checks
 the answer: ``demo-stateful`` one positive integer count per row; any other model the demo MLP's
 ``OUTPUT0`` computed from the weights file of the version that may answer (the one asked for, or with
-``--any-version`` version 1 or its fallback 2: the breaker's level 3), counted by version. A failure whose
-message is the fault layer's ``injected fault`` is counted as ``injected``, not as failed. Until SIGTERM
-(or ``--seconds``) it rewrites ``STATUS_FILE`` (JSON, atomically) a few times a second: sent, ok, failures
-by message, wrong answers, injected, the SDK's own resends, fallbacks and failovers (``ClientStats``), and
-latency percentiles of answered and of refused requests; the last write has ``"done": true`` and each
-answer's (wall time sent, latency in ms), so that a drill can compare windows of one run.
+``--any-version`` version 1 or its fallback 2: the breaker's level 3), counted by version. A failure
+whose message is the fault layer's ``injected fault`` is counted as ``injected``, not as failed. Until
+SIGTERM (or ``--seconds``; SIGUSR1 pauses it, calls in flight finishing, and SIGUSR2 resumes it) it
+rewrites ``STATUS_FILE`` (JSON, atomically) a few times a second: sent, ok, failures by message, wrong
+answers, injected, the SDK's own resends, fallbacks and failovers (``ClientStats``), and latency
+percentiles of answered and of refused requests; the last write has ``"done": true`` and each answer's
+(wall time sent, latency in ms), so that a drill can compare windows of one run.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ _SAMPLES = 200_000  # (time sent, latency) of the most recent answers, in the la
 class Load:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
+        self.going = threading.Event()  # cleared while paused
+        self.going.set()
         self.client = MeshClient(args.routers.split(","), timeout=args.timeout)
         self.stop = threading.Event()
         self.lock = threading.Lock()
@@ -64,6 +66,9 @@ class Load:
         xs, refs = self.inputs[t]
         n = 0
         while not self.stop.is_set():
+            if not self.going.is_set():  # paused (SIGUSR1): nothing new until SIGUSR2
+                self.going.wait(0.1)
+                continue
             k, n = n % len(xs), n + 1
             started, sent_at = time.perf_counter(), time.time()
             try:
@@ -155,6 +160,8 @@ def main() -> None:
     args = parser.parse_args()
     load = Load(args)
     signal.signal(signal.SIGTERM, lambda *_: load.stop.set())
+    signal.signal(signal.SIGUSR1, lambda *_: load.going.clear())  # pause: calls in flight finish
+    signal.signal(signal.SIGUSR2, lambda *_: load.going.set())
     threads = [threading.Thread(target=load.run, args=(t,), daemon=True) for t in range(args.threads)]
     for t in threads:
         t.start()
