@@ -63,7 +63,11 @@ class ServiceProcess:
         self.name = name
         self.args = [sys.executable, "-m", self.module]
         for flag, value in flags.items():
-            self.args += [f"--{flag.replace('_', '-')}", str(value)]
+            name = flag.replace("_", "-")
+            if isinstance(value, bool):  # the services' booleans are --name / --no-name
+                self.args.append(f"--{name}" if value else f"--no-{name}")
+            else:
+                self.args += [f"--{name}", str(value)]
         env_prefix = f"MCP_{self.module.removeprefix('mcp_').upper()}_"
         self.env = {
             **os.environ,

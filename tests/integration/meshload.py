@@ -349,7 +349,8 @@ class Mesh:
             old_proxy.wait(5)
         if partitionable:
             port = _free_port()
-            extra = {"zmq_bind": f"tcp://127.0.0.1:{port}", "advertise_host": PROXY_HOST,
+            # zmq_local off: a router on this host must not go around the proxy by the same-host endpoint
+            extra = {"zmq_bind": f"tcp://127.0.0.1:{port}", "advertise_host": PROXY_HOST, "zmq_local": False,
                      "grpc_host": PROXY_HOST, "metrics_host": PROXY_HOST}  # fmt: skip
             proxy = subprocess.Popen(
                 [sys.executable, str(HERE / "tcp_proxy.py"), f"{PROXY_HOST}:{port}", f"127.0.0.1:{port}"],

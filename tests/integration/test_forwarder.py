@@ -307,3 +307,42 @@ async def test_coalesced_replies_that_do_not_add_up_fail_each_request_at_once(se
         with pytest.raises(Internal, match="w1 sent replies that do not decode"):
             await asyncio.wait_for(task, 5)
     assert fwd.loads["w1"] == 0 and not late
+
+
+async def _answered_by(fwd: Forwarder, peer: Peer) -> None:
+    """One request through ``fwd`` to "w1", answered by ``peer`` (so it reached that socket)."""
+    sending = asyncio.create_task(fwd.send("w1", request(fwd), {"X": X}, timeout_s=5))
+    identity, got, _ = await asyncio.wait_for(peer.request(), 5)
+    await peer.reply(identity, ok_reply(got), [])
+    await sending
+
+
+async def test_a_link_takes_the_same_host_endpoint_and_a_new_one_when_the_worker_restarts():
+    """A record with FEATURE_LOCAL: the link connects to the local name of its incarnation; the same worker
+    at the same TCP endpoint with a new incarnation (restarted) gets a new link to the new name. A record
+    whose local name nobody listens on (another host) is reached at its TCP endpoint."""
+    ctx = zmq.asyncio.Context()
+    tcp = Peer(ctx)
+    first = Peer(ctx, wire.local_endpoint("w1", "inc-a"))
+    fwd = Forwarder(heartbeat_s=0.1, heartbeat_timeout_s=0.5)
+    local = frozenset({wire.FEATURE_LOCAL})
+    try:
+        fwd.sync({"w1": WorkerEndpoint("w1", tcp.endpoint, incarnation="inc-a", zmq_features=local)})
+        assert fwd.address("w1") == first.endpoint == wire.local_endpoint("w1", "inc-a")
+        assert await fwd.wait_connected("w1", 5)
+        await _answered_by(fwd, first)
+        first.sock.close(0)  # the process is gone; a new one binds its own name
+        second = Peer(ctx, wire.local_endpoint("w1", "inc-b"))
+        fwd.sync({"w1": WorkerEndpoint("w1", tcp.endpoint, incarnation="inc-b", zmq_features=local)})
+        assert fwd.address("w1") == second.endpoint
+        assert await fwd.wait_connected("w1", 5)
+        await _answered_by(fwd, second)
+        second.sock.close(0)
+        fwd.sync({"w1": WorkerEndpoint("w1", tcp.endpoint, incarnation="inc-c", zmq_features=local)})
+        assert fwd.address("w1") == tcp.endpoint  # nothing listens on inc-c's name here
+        assert await fwd.wait_connected("w1", 5)
+        await _answered_by(fwd, tcp)
+    finally:
+        await fwd.close()
+        tcp.sock.close(0)
+        ctx.term()

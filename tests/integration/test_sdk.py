@@ -10,12 +10,14 @@ over; every failure is a typed ``MCPError``.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
 import subprocess
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,6 +53,7 @@ from mcpclient import (
     Unavailable,
 )
 from mcpclient import client as client_module
+from mcpcore import wire
 from mcpcore.keys import Keyspace
 
 MODEL = "demo-mlp"
@@ -140,6 +143,52 @@ def test_router_path_and_direct_path_give_identical_outputs(cluster: Cluster, re
         assert list(only) == ["OUTPUT0"]
         [info] = client.status(MODEL)
         assert info.model == MODEL and info.running("1") == 2
+
+
+def _router_links(router: RouterProcess) -> dict[str, str]:
+    """worker -> the address the router's link to it connects to (its /debug/snapshot)."""
+    url = f"http://{router.endpoints['metrics']}/debug/snapshot"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        workers = json.load(resp)["workers"]
+    return {worker: doc["link_address"] for worker, doc in workers.items()}
+
+
+def test_same_host_senders_reach_the_worker_by_its_local_endpoint(
+    cluster: Cluster, repo: Path, etcd_endpoint: str
+) -> None:
+    """Each worker's record offers its same-host endpoint; the SDK's direct link and every router's link
+    connect there, named from the worker's id and incarnation, and the answers are the model's."""
+    x = _x()
+    with cluster.client() as client:
+        out = client.infer(MODEL, {"INPUT0": x}, version="1", direct=True)
+        np.testing.assert_allclose(out["OUTPUT0"], mlp_reference(repo, MODEL, "1", x), rtol=1e-5, atol=1e-6)
+        route = client.route(MODEL, key="k")
+        links = client._client._fwd._links  # which address the link took is the point
+        assert route.zmq_features >= {wire.FEATURE_LOCAL, wire.FEATURE_BATCH}
+        local = wire.local_endpoint(route.worker_id, route.incarnation)
+        assert local.startswith("ipc://@mcpmesh-") and local != route.endpoint
+        assert any(link.address == local for link in links.values()), {w: k.address for w, k in links.items()}
+    for router in cluster.routers:
+        addresses = _router_links(router)
+        for worker in cluster.workers:
+            doc = etcd_get(etcd_endpoint, Keyspace(cluster.prefix).worker(worker.worker_id))
+            assert doc is not None and wire.FEATURE_LOCAL in doc["zmq_features"]
+            assert addresses[worker.worker_id] == wire.local_endpoint(worker.worker_id, doc["incarnation"])
+
+
+def test_a_worker_without_its_local_endpoint_is_reached_over_tcp(
+    tmp_path: Path, etcd_endpoint: str, repo: Path
+) -> None:
+    """``--no-zmq-local`` (a proxy in front of the worker, say): no "local" in its record, and both the
+    direct path and the router connect to its published endpoint."""
+    with _one_worker_mesh(tmp_path, etcd_endpoint, repo, zmq_local=False) as (client, started):
+        out = client.infer(MODEL, {"INPUT0": _x()}, direct=True)
+        assert out["OUTPUT0"].shape == (4, 16) and client.stats.direct == 1
+        route = client.route(MODEL)
+        assert wire.FEATURE_LOCAL not in route.zmq_features and wire.FEATURE_BATCH in route.zmq_features
+        links = client._client._fwd._links
+        assert [link.address for link in links.values()] == [route.endpoint]
+        assert _router_links(started[2]) == {route.worker_id: route.endpoint}
 
 
 def test_the_route_is_asked_once_and_kept_at_most_its_ttl(cluster: Cluster) -> None:

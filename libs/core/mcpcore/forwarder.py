@@ -30,6 +30,9 @@ Invariants:
   refused, is ``NotSent``.
   Coalesced replies, which every request says it takes (``FLAG_TAKES_COALESCED``), are taken apart and
   each delivered as a single one.
+- A link connects to the worker's same-host endpoint (``wire.local_endpoint``, an abstract Unix socket)
+  when its record lists ``FEATURE_LOCAL`` and that socket answers from here, else to its published
+  endpoint; a worker whose incarnation changes (restarted) gets a new link, as its local name did.
 - Tensors go out and come back without copies (``copy=False``, ``np.frombuffer`` views of reply frames).
 - A decoupled model's replies before its last (``FLAG_PARTIAL``) go to the request's ``on_partial`` in
   order; the request stays in flight until its last reply, and one that does not decode fails it.
@@ -47,6 +50,7 @@ import contextlib
 import contextvars
 import itertools
 import logging
+import socket
 import time
 import uuid
 from collections import defaultdict
@@ -63,7 +67,7 @@ from mcpapi.v2 import tensor_pb2
 from mcpcore import wire
 from mcpcore.errors import DataLoss, DeadlineExceeded, Internal, InvalidArgument, MCPError, Unavailable
 
-__all__ = ["Forwarder", "LinkTarget", "MayHaveStarted", "NotSent"]
+__all__ = ["Forwarder", "LinkTarget", "MayHaveStarted", "NotSent", "link_address"]
 
 _monitors = itertools.count(1)
 
@@ -84,7 +88,26 @@ class LinkTarget(Protocol):
     @property
     def zmq_features(self) -> frozenset[str]: ...
     @property
+    def incarnation(self) -> str: ...
+    @property
     def draining(self) -> bool: ...
+
+
+def link_address(endpoint: LinkTarget) -> str:
+    """Where a link to ``endpoint`` connects: its same-host endpoint when the record offers one and it
+    listens here (a connect to an abstract Unix socket answers at once either way), else its ``zmq``."""
+    if wire.FEATURE_LOCAL in endpoint.zmq_features and endpoint.incarnation:
+        local = wire.local_endpoint(endpoint.id, endpoint.incarnation)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.setblocking(False)
+            try:
+                probe.connect("\0" + local.removeprefix("ipc://@"))
+                return local
+            except BlockingIOError:  # its backlog is full: it listens
+                return local
+            except OSError:  # nobody by that name in this network namespace: another host
+                pass
+    return endpoint.zmq
 
 
 class NotSent(Unavailable):
@@ -118,6 +141,7 @@ class RingLoad:
 class _Link:
     def __init__(self, endpoint: LinkTarget, fwd: Forwarder) -> None:
         self.endpoint = endpoint
+        self.address = link_address(endpoint)  # what the socket connects to (the same-host one, or zmq)
         self.sock: zmq.Socket[Any] = fwd._ctx.socket(zmq.DEALER)
         try:
             self.monitor = self._configure(endpoint, fwd)
@@ -155,7 +179,7 @@ class _Link:
         monitor = fwd._actx.socket(zmq.PAIR)
         monitor.connect(address)
         try:
-            self.sock.connect(endpoint.zmq)
+            self.sock.connect(self.address)
         except BaseException:
             monitor.close(linger=0)
             raise
@@ -212,6 +236,8 @@ class Forwarder:
                 link.endpoint.curve_public_key,
             ):
                 self._close(worker_id, link, "left the routing table")
+            elif new.incarnation not in ("", link.endpoint.incarnation) and link.endpoint.incarnation:
+                self._close(worker_id, link, "restarted")  # its same-host endpoint has a new name
         for worker_id, endpoint in workers.items():
             link = self._links.get(worker_id)
             if link is None:
@@ -230,6 +256,11 @@ class Forwarder:
                 link.endpoint = endpoint
         if self._sweeper is None:
             self._sweeper = asyncio.create_task(self._sweep(), name="zmq-abandoned")
+
+    def address(self, worker_id: str) -> str:
+        """Where the link to ``worker_id`` connects ("" with no link): its same-host endpoint or its zmq."""
+        link = self._links.get(worker_id)
+        return "" if link is None else link.address
 
     def link_ok(self, worker_id: str) -> bool:
         """Connected (handshake done, heartbeats answered)."""

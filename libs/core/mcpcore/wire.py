@@ -19,6 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from mcpcore.signature import tensor_name_problem
 
 __all__ = [
     "FEATURE_BATCH",
+    "FEATURE_LOCAL",
     "FLAG_DIRECT",
     "FLAG_DRAINING",
     "FLAG_PARTIAL",
@@ -52,6 +54,7 @@ __all__ = [
     "decode",
     "encode",
     "error_reply",
+    "local_endpoint",
     "parse_header",
     "raise_for_status",
     "tensors_of",
@@ -68,6 +71,9 @@ FLAG_DIRECT = tensor_pb2.FLAG_DIRECT
 KIND_BATCH = tensor_pb2.KIND_BATCH
 #: The worker record's ``zmq_features`` entry saying it takes (and answers) coalesced messages.
 FEATURE_BATCH = "batch"
+#: The worker record's ``zmq_features`` entry saying its tensor socket also listens on a local endpoint
+#: (``local_endpoint``): a sender on the same host reaches it there instead of through TCP.
+FEATURE_LOCAL = "local"
 #: Header parameters under this prefix are the mesh's own; every other one is a client's request
 #: parameter, which the worker hands to the backend (``client_parameters``).
 RESERVED_PREFIX = "mcp."
@@ -310,3 +316,12 @@ def raise_for_status(header: tensor_pb2.TensorHeader) -> None:
     """Raise the reply's error (``errors.CODE_TO_ERROR``) when its status is not OK."""
     if header.status_code != 0:
         raise error_for_code(header.status_code, header.status_message or "worker returned an error")
+
+
+def local_endpoint(worker_id: str, incarnation: str) -> str:
+    """The worker's same-host tensor endpoint: a Linux abstract Unix socket named from its id and this
+    start's incarnation (both in its signed record), so a sender derives it from the record alone, a
+    restarted worker has a new one, and only a process in the same network namespace of the same kernel
+    (the same host, or a container sharing its network) can reach it. No file: nothing to clean up."""
+    digest = hashlib.sha256(f"{worker_id}\0{incarnation}".encode()).hexdigest()[:32]
+    return f"ipc://@mcpmesh-{digest}"

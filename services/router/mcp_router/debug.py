@@ -36,7 +36,9 @@ def snapshot_doc(table: RoutingTable, forwarder: Forwarder, router_id: str) -> d
         "features_off": list(table.features_off),
         "models": {name: _model(route, now) for name, route in sorted(dict(table.models).items())},
         "workers": {
-            worker_id: _worker(endpoint, loads.get(worker_id, 0), forwarder.link_ok(worker_id))
+            worker_id: _worker(
+                endpoint, loads.get(worker_id, 0), forwarder.link_ok(worker_id), forwarder.address(worker_id)
+            )
             for worker_id, endpoint in sorted(workers.items())
         },
     }
@@ -71,7 +73,7 @@ def _model(route: ModelRoute, now: float) -> dict[str, Any]:
     }
 
 
-def _worker(endpoint: WorkerEndpoint, in_flight: int, link_ok: bool) -> dict[str, Any]:
+def _worker(endpoint: WorkerEndpoint, in_flight: int, link_ok: bool, address: str) -> dict[str, Any]:
     return {
         "zmq": endpoint.zmq,
         "grpc": endpoint.grpc,
@@ -82,6 +84,7 @@ def _worker(endpoint: WorkerEndpoint, in_flight: int, link_ok: bool) -> dict[str
         "zmq_features": sorted(endpoint.zmq_features),
         "in_flight": in_flight,
         "link_ok": link_ok,
+        "link_address": address,  # where the link connects: the same-host endpoint, or "zmq"
     }
 
 

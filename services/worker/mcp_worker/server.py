@@ -196,6 +196,7 @@ class Worker:
             on_cancelled=self._cancelled,
             heartbeat_s=config.zmq_heartbeat_s,
             heartbeat_timeout_s=config.zmq_heartbeat_timeout_s,
+            local=wire.local_endpoint(config.worker_id, self.incarnation) if config.zmq_local else "",
         )
         self.grpc = GrpcService(
             [SERVICE_NAME], options=[("grpc.max_receive_message_length", 16 << 20)], tls=config.tls
@@ -419,7 +420,9 @@ class Worker:
             "started_at": self._started,
             "curve_public_key": self._curve_public.decode(),
             "incarnation": self.incarnation,
-            "zmq_features": [wire.FEATURE_BATCH],  # it takes coalesced messages (tensor.proto)
+            # it takes coalesced messages (tensor.proto); "local": senders on this host may use its
+            # same-host endpoint, named from its id and incarnation (wire.local_endpoint)
+            "zmq_features": [wire.FEATURE_BATCH] + [wire.FEATURE_LOCAL] * bool(self.tensors.local_endpoint),
             "capacity": cfg.capacity,
             "draining": self.draining,
         }

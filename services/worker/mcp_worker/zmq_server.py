@@ -135,8 +135,10 @@ class TensorServer:
         on_cancelled: Callable[[tensor_pb2.TensorHeader], None] = lambda header: None,
         heartbeat_s: float = 1.0,
         heartbeat_timeout_s: float = 3.0,
+        local: str = "",
     ) -> None:
         self._bind = bind
+        self._local = local  # a second endpoint, best effort: ``wire.local_endpoint`` (same-host senders)
         self._handler = handler
         self._start = start
         self._limits = limits
@@ -163,6 +165,7 @@ class TensorServer:
         self._idle.set()
         self._tracing = tracing.enabled()  # resolved once: off, a request costs no trace work here
         self.endpoint = ""
+        self.local_endpoint = ""  # bound: senders on this host may use it (the record says FEATURE_LOCAL)
         self.draining = False
         self.last_request = 0.0  # monotonic time of the last message received
 
@@ -190,6 +193,12 @@ class TensorServer:
         sock.bind(self._bind)
         self._sock = sock
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        if self._local:
+            try:  # the same socket, so the same CURVE keys, limits and replies by identity
+                sock.bind(self._local)
+                self.local_endpoint = self._local
+            except zmq.ZMQError as exc:  # not Linux, or the name is taken: senders use the TCP endpoint
+                log.warning("no same-host endpoint %s (%s); senders use %s", self._local, exc, self.endpoint)
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(sock.FD, self._readable)
         self._look_again()  # the descriptor signals changes, not state: look once to begin
