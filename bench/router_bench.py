@@ -43,7 +43,7 @@ LAG_WINDOW_S = 10.0  # the c=64 run's length, whatever --seconds says: the loop-
 
 MODEL = "bench-mlp"  # the peers' MLP (peer_model), over the KServe V2 front door
 BULK_MODEL = "bench-bulk"
-BULK_ROUNDS = 8
+BULK_ROUNDS = 12
 LOADGEN_WARMUP_S = 0.5  # bench/loadgen.py's warm-up before it measures
 GRPC_LIMITS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 
@@ -75,14 +75,18 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _median_ms(call, payload: bytes, rounds: int) -> float:  # type: ignore[no-untyped-def]
-    call(payload)  # warm-up: connections, pool blocks
-    times = []
+def _interleaved_medians_ms(calls: dict[str, Any], rounds: int) -> dict[str, float]:
+    """Median milliseconds of each callable, called in turn round after round (after one warm-up each), so
+    a figure and its baseline see the same moments of this machine's load."""
+    for call in calls.values():
+        call()  # warm-up: connections, pool blocks
+    times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(rounds):
-        t0 = time.perf_counter()
-        call(payload)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+        for name, call in calls.items():
+            t0 = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(values) * 1e3 for name, values in times.items()}
 
 
 def _write_models(repo: Path) -> None:
@@ -124,36 +128,43 @@ def bench_direct(router: str, seconds: float, e2e: dict[str, float]) -> dict[str
 
 
 def bench_bulk(router: str) -> dict[str, float]:
-    """One 16 MiB FP32 request and its 16 MiB reply through router and worker (bench-bulk: ReLU), against
-    one plain gRPC echo of the same request bytes (echo_server.py, another process)."""
+    """One 16 MiB FP32 request and its 16 MiB reply through router and worker (bench-bulk: ReLU) and by the
+    SDK's direct path, against one plain gRPC echo of the same request bytes (echo_server.py, another
+    process), the three taking turns round by round."""
     x = np.random.default_rng(0).standard_normal((1, peer_model.BULK_FLOATS)).astype(np.float32)
     request = kserve_pb.ModelInferRequest(model_name=BULK_MODEL)
     request.inputs.add(name="INPUT", datatype="FP32", shape=x.shape)
     request.raw_input_contents.append(x.tobytes())
     payload = request.SerializeToString()
-    with grpc.insecure_channel(router, options=GRPC_LIMITS) as channel:
-        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
-        reply = kserve_pb.ModelInferResponse.FromString(infer(payload, timeout=60))
-        if np.frombuffer(reply.raw_output_contents[0], np.float32).tobytes() != np.maximum(x, 0).tobytes():
-            raise RuntimeError("bench-bulk answered something other than ReLU of its input")
-        mesh_ms = _median_ms(lambda p: infer(p, timeout=60), payload, BULK_ROUNDS)
-    with MeshClient(router, timeout=60) as client:
-        out = client.infer(BULK_MODEL, {"INPUT": x}, direct=True)
-        if out["OUTPUT"].tobytes() != np.maximum(x, 0).tobytes():
-            raise RuntimeError("bench-bulk answered the direct path something other than ReLU of its input")
-        direct_ms = _median_ms(
-            lambda _: client.infer(BULK_MODEL, {"INPUT": x}, direct=True), b"", BULK_ROUNDS
-        )
     command = [sys.executable, str(BENCH / "echo_server.py")]
     server = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         _, _, grpc_port, _ = server.stdout.readline().split()
-        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}", options=GRPC_LIMITS) as channel:
-            echo = channel.unary_unary("/bench.Echo/Echo")
-            echo_ms = _median_ms(echo, payload, BULK_ROUNDS)
+        with (
+            grpc.insecure_channel(router, options=GRPC_LIMITS) as channel,
+            grpc.insecure_channel(f"127.0.0.1:{grpc_port}", options=GRPC_LIMITS) as echo_channel,
+            MeshClient(router, timeout=60) as client,
+        ):
+            infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+            reply = kserve_pb.ModelInferResponse.FromString(infer(payload, timeout=60))
+            relu = np.maximum(x, 0).tobytes()
+            if np.frombuffer(reply.raw_output_contents[0], np.float32).tobytes() != relu:
+                raise RuntimeError("bench-bulk answered something other than ReLU of its input")
+            if client.infer(BULK_MODEL, {"INPUT": x}, direct=True)["OUTPUT"].tobytes() != relu:
+                raise RuntimeError("bench-bulk answered the direct path something other than ReLU")
+            echo = echo_channel.unary_unary("/bench.Echo/Echo")
+            medians = _interleaved_medians_ms(
+                {
+                    "mesh": lambda: infer(payload, timeout=60),
+                    "direct": lambda: client.infer(BULK_MODEL, {"INPUT": x}, direct=True),
+                    "echo": lambda: echo(payload, timeout=60),
+                },
+                BULK_ROUNDS,
+            )
     finally:
         server.kill()
         server.wait(10)
+    mesh_ms, direct_ms, echo_ms = medians["mesh"], medians["direct"], medians["echo"]
     ratio, speedup = mesh_ms / echo_ms, echo_ms / direct_ms
     print(
         f"bulk 16 MiB request + 16 MiB reply through router and worker: median {mesh_ms:.1f} ms | "
