@@ -19,7 +19,7 @@ from mcp_router.snapshot import WorkerEndpoint
 from mcpapi.v2 import tensor_pb2
 from mcpcore import wire
 from mcpcore.errors import DeadlineExceeded, Internal
-from mcpcore.forwarder import Forwarder, MayHaveStarted, NotSent
+from mcpcore.forwarder import Forwarder, MayHaveStarted, NotSent, link_address
 
 X = np.arange(8, dtype=np.float32).reshape(2, 4)
 
@@ -323,20 +323,24 @@ async def test_a_link_takes_the_same_host_endpoint_and_a_new_one_when_the_worker
     whose local name nobody listens on (another host) is reached at its TCP endpoint."""
     ctx = zmq.asyncio.Context()
     tcp = Peer(ctx)
-    first = Peer(ctx, wire.local_endpoint("w1", "inc-a"))
+    first = Peer(ctx, wire.local_endpoint("w1", "inc-a", tcp.endpoint))
     fwd = Forwarder(heartbeat_s=0.1, heartbeat_timeout_s=0.5)
     local = frozenset({wire.FEATURE_LOCAL})
     try:
         fwd.sync({"w1": WorkerEndpoint("w1", tcp.endpoint, incarnation="inc-a", zmq_features=local)})
-        assert fwd.address("w1") == first.endpoint == wire.local_endpoint("w1", "inc-a")
+        assert fwd.address("w1") == first.endpoint
         assert await fwd.wait_connected("w1", 5)
         await _answered_by(fwd, first)
         first.sock.close(0)  # the process is gone; a new one binds its own name
-        second = Peer(ctx, wire.local_endpoint("w1", "inc-b"))
+        second = Peer(ctx, wire.local_endpoint("w1", "inc-b", tcp.endpoint))
         fwd.sync({"w1": WorkerEndpoint("w1", tcp.endpoint, incarnation="inc-b", zmq_features=local)})
         assert fwd.address("w1") == second.endpoint
         assert await fwd.wait_connected("w1", 5)
         await _answered_by(fwd, second)
+        # a record naming another endpoint or key names another socket (nobody's here): the published one
+        moved = WorkerEndpoint("w1", tcp.endpoint, "key", incarnation="inc-b", zmq_features=local)
+        assert wire.local_endpoint("w1", "inc-b", tcp.endpoint, "key") != second.endpoint
+        assert link_address(moved) == tcp.endpoint
         second.sock.close(0)
         fwd.sync({"w1": WorkerEndpoint("w1", tcp.endpoint, incarnation="inc-c", zmq_features=local)})
         assert fwd.address("w1") == tcp.endpoint  # nothing listens on inc-c's name here

@@ -156,24 +156,25 @@ def _router_links(router: RouterProcess) -> dict[str, str]:
 def test_same_host_senders_reach_the_worker_by_its_local_endpoint(
     cluster: Cluster, repo: Path, etcd_endpoint: str
 ) -> None:
-    """Each worker's record offers its same-host endpoint; the SDK's direct link and every router's link
-    connect there, named from the worker's id and incarnation, and the answers are the model's."""
+    """Each worker's record offers its same-host endpoint; the SDK's direct links and every router's links
+    connect there, named from what the worker's record publishes, and the answers are the model's."""
     x = _x()
+    want = mlp_reference(repo, MODEL, "1", x)
+    expected = {}
+    for worker in cluster.workers:
+        doc = etcd_get(etcd_endpoint, Keyspace(cluster.prefix).worker(worker.worker_id))
+        assert doc is not None and wire.FEATURE_LOCAL in doc["zmq_features"]
+        local = wire.local_endpoint(worker.worker_id, doc["incarnation"], doc["zmq"], doc["curve_public_key"])
+        assert local.startswith("ipc://@mcpmesh-")
+        expected[worker.worker_id] = local
     with cluster.client() as client:
-        out = client.infer(MODEL, {"INPUT0": x}, version="1", direct=True)
-        np.testing.assert_allclose(out["OUTPUT0"], mlp_reference(repo, MODEL, "1", x), rtol=1e-5, atol=1e-6)
-        route = client.route(MODEL, key="k")
-        links = client._client._fwd._links  # which address the link took is the point
-        assert route.zmq_features >= {wire.FEATURE_LOCAL, wire.FEATURE_BATCH}
-        local = wire.local_endpoint(route.worker_id, route.incarnation)
-        assert local.startswith("ipc://@mcpmesh-") and local != route.endpoint
-        assert any(link.address == local for link in links.values()), {w: k.address for w, k in links.items()}
+        for key in ("a", "b", "c", "d", "e", "f"):  # sticky keys: most likely both workers
+            out = client.infer(MODEL, {"INPUT0": x}, version="1", key=key, direct=True)
+            np.testing.assert_allclose(out["OUTPUT0"], want, rtol=1e-5, atol=1e-6)
+        links = client._client._fwd._links  # which address each link took is the point
+        assert links and {w: link.address for w, link in links.items()} == {w: expected[w] for w in links}
     for router in cluster.routers:
-        addresses = _router_links(router)
-        for worker in cluster.workers:
-            doc = etcd_get(etcd_endpoint, Keyspace(cluster.prefix).worker(worker.worker_id))
-            assert doc is not None and wire.FEATURE_LOCAL in doc["zmq_features"]
-            assert addresses[worker.worker_id] == wire.local_endpoint(worker.worker_id, doc["incarnation"])
+        assert _router_links(router) == expected
 
 
 def test_a_worker_without_its_local_endpoint_is_reached_over_tcp(

@@ -97,7 +97,9 @@ def link_address(endpoint: LinkTarget) -> str:
     """Where a link to ``endpoint`` connects: its same-host endpoint when the record offers one and it
     listens here (a connect to an abstract Unix socket answers at once either way), else its ``zmq``."""
     if wire.FEATURE_LOCAL in endpoint.zmq_features and endpoint.incarnation:
-        local = wire.local_endpoint(endpoint.id, endpoint.incarnation)
+        local = wire.local_endpoint(
+            endpoint.id, endpoint.incarnation, endpoint.zmq, endpoint.curve_public_key
+        )
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
             probe.setblocking(False)
             try:

@@ -318,10 +318,12 @@ def raise_for_status(header: tensor_pb2.TensorHeader) -> None:
         raise error_for_code(header.status_code, header.status_message or "worker returned an error")
 
 
-def local_endpoint(worker_id: str, incarnation: str) -> str:
-    """The worker's same-host tensor endpoint: a Linux abstract Unix socket named from its id and this
-    start's incarnation (both in its signed record), so a sender derives it from the record alone, a
-    restarted worker has a new one, and only a process in the same network namespace of the same kernel
-    (the same host, or a container sharing its network) can reach it. No file: nothing to clean up."""
-    digest = hashlib.sha256(f"{worker_id}\0{incarnation}".encode()).hexdigest()[:32]
-    return f"ipc://@mcpmesh-{digest}"
+def local_endpoint(worker_id: str, incarnation: str, endpoint: str, curve_public_key: str = "") -> str:
+    """The worker's same-host tensor endpoint: a Linux abstract Unix socket named from everything a link
+    to it is (its id, this start's incarnation, its published ``endpoint`` and CURVE key, all in its signed
+    record), so a sender derives it from the record alone, a restarted worker has a new one, a record
+    naming another endpoint or key names another socket (nobody's), and only a process in the same network
+    namespace of the same kernel (the same host, or a container sharing its network) can reach it. No
+    file: nothing to clean up."""
+    identity = "\0".join((worker_id, incarnation, endpoint, curve_public_key))
+    return f"ipc://@mcpmesh-{hashlib.sha256(identity.encode()).hexdigest()[:32]}"

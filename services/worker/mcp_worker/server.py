@@ -196,7 +196,6 @@ class Worker:
             on_cancelled=self._cancelled,
             heartbeat_s=config.zmq_heartbeat_s,
             heartbeat_timeout_s=config.zmq_heartbeat_timeout_s,
-            local=wire.local_endpoint(config.worker_id, self.incarnation) if config.zmq_local else "",
         )
         self.grpc = GrpcService(
             [SERVICE_NAME], options=[("grpc.max_receive_message_length", 16 << 20)], tls=config.tls
@@ -272,6 +271,11 @@ class Worker:
             "zmq": _advertised(zmq_endpoint, host),
             "metrics": f"{advertised_host(cfg.metrics_host, host)}:{metrics_port}",
         }
+        if cfg.zmq_local:  # named from what the record publishes (wire.local_endpoint)
+            curve = self._curve_public.decode()
+            self.tensors.bind_local(
+                wire.local_endpoint(cfg.worker_id, self.incarnation, self.endpoints["zmq"], curve)
+            )
         self.manager.set_info(
             {"zmq": zmq_endpoint, "grpc": self.endpoints["grpc"], "incarnation": self.incarnation}
         )

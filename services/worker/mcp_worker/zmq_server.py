@@ -135,10 +135,8 @@ class TensorServer:
         on_cancelled: Callable[[tensor_pb2.TensorHeader], None] = lambda header: None,
         heartbeat_s: float = 1.0,
         heartbeat_timeout_s: float = 3.0,
-        local: str = "",
     ) -> None:
         self._bind = bind
-        self._local = local  # a second endpoint, best effort: ``wire.local_endpoint`` (same-host senders)
         self._handler = handler
         self._start = start
         self._limits = limits
@@ -193,16 +191,22 @@ class TensorServer:
         sock.bind(self._bind)
         self._sock = sock
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        if self._local:
-            try:  # the same socket, so the same CURVE keys, limits and replies by identity
-                sock.bind(self._local)
-                self.local_endpoint = self._local
-            except zmq.ZMQError as exc:  # not Linux, or the name is taken: senders use the TCP endpoint
-                log.warning("no same-host endpoint %s (%s); senders use %s", self._local, exc, self.endpoint)
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(sock.FD, self._readable)
         self._look_again()  # the descriptor signals changes, not state: look once to begin
         return self.endpoint
+
+    def bind_local(self, address: str) -> bool:
+        """Also listen on ``address`` (``wire.local_endpoint``: same-host senders), best effort; the same
+        socket, so the same CURVE keys, limits and replies by identity. False: senders use ``endpoint``."""
+        assert self._sock is not None, "start() first"
+        try:
+            self._sock.bind(address)
+        except zmq.ZMQError as exc:  # not Linux, or the name is taken
+            log.warning("no same-host endpoint %s (%s); senders use %s", address, exc, self.endpoint)
+            return False
+        self.local_endpoint = address
+        return True
 
     def drain(self) -> None:
         """Answer every new request "not started, draining" from now on (a graceful stop)."""
