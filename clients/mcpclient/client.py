@@ -481,9 +481,10 @@ class AsyncMeshClient:
         if self._fwd is None:
             self._fwd = Forwarder(max_in_flight=self._max_in_flight, curve_keypair=self._curve)
         known = self._targets.get(route.worker_id)
-        if known is None or (known.endpoint, known.curve_public_key) != (
+        if known is None or (known.endpoint, known.curve_public_key, known.incarnation) != (
             route.endpoint,
             route.curve_public_key,
+            route.incarnation,  # restarted: its same-host endpoint has a new name
         ):
             self._targets[route.worker_id] = route
             fwd, held = (

@@ -63,11 +63,11 @@ class ServiceProcess:
         self.name = name
         self.args = [sys.executable, "-m", self.module]
         for flag, value in flags.items():
-            name = flag.replace("_", "-")
-            if isinstance(value, bool):  # the services' booleans are --name / --no-name
-                self.args.append(f"--{name}" if value else f"--no-{name}")
+            option = flag.replace("_", "-")
+            if isinstance(value, bool):  # the services' booleans are --option / --no-option
+                self.args.append(f"--{option}" if value else f"--no-{option}")
             else:
-                self.args += [f"--{name}", str(value)]
+                self.args += [f"--{option}", str(value)]
         env_prefix = f"MCP_{self.module.removeprefix('mcp_').upper()}_"
         self.env = {
             **os.environ,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -349,4 +350,50 @@ async def test_a_link_takes_the_same_host_endpoint_and_a_new_one_when_the_worker
     finally:
         await fwd.close()
         tcp.sock.close(0)
+        ctx.term()
+
+
+def test_a_worker_published_at_another_hosts_address_is_never_looked_for_here():
+    """A local process that binds the same-host name of a worker published at another host's address (a
+    squatter) gets nothing: the link goes to the published endpoint. 192.0.2.1 (TEST-NET-1) is no address
+    of this machine; nothing is sent anywhere, ``link_address`` only chooses."""
+    ctx = zmq.Context()
+    remote = "tcp://192.0.2.1:5555"
+    squatter = ctx.socket(zmq.ROUTER)
+    try:
+        squatter.bind(wire.local_endpoint("w1", "inc-a", remote))
+        target = WorkerEndpoint(
+            "w1", remote, incarnation="inc-a", zmq_features=frozenset({wire.FEATURE_LOCAL})
+        )
+        assert link_address(target) == remote
+        here = wire.local_endpoint("w1", "inc-a", "tcp://127.0.0.1:5555")
+        squatter.bind(here)  # the same record at a loopback address would be looked for here
+        assert link_address(replace(target, zmq="tcp://127.0.0.1:5555")) == here
+        assert (
+            link_address(replace(target, zmq="tcp://localhost:5555")) == "tcp://localhost:5555"
+        )  # no lookup
+    finally:
+        squatter.close(0)
+        ctx.term()
+
+
+async def test_a_tcp_link_stays_when_the_worker_restarts_at_the_same_endpoint():
+    """Without the same-host endpoint, a new incarnation at the same address keeps its link (ZeroMQ
+    reconnects it by itself), as before: requests on it are not failed by the record's change."""
+    ctx = zmq.asyncio.Context()
+    peer = Peer(ctx)
+    fwd = Forwarder(heartbeat_s=0.1, heartbeat_timeout_s=0.5)
+    try:
+        fwd.sync({"w1": WorkerEndpoint("w1", peer.endpoint, incarnation="inc-a")})
+        assert await fwd.wait_connected("w1", 5)
+        sending = asyncio.create_task(fwd.send("w1", request(fwd), {"X": X}, timeout_s=5))
+        identity, got, _ = await asyncio.wait_for(peer.request(), 5)
+        link = fwd._links["w1"]
+        fwd.sync({"w1": WorkerEndpoint("w1", peer.endpoint, incarnation="inc-b")})
+        assert fwd._links["w1"] is link and fwd.address("w1") == peer.endpoint
+        await peer.reply(identity, ok_reply(got), [])
+        await sending
+    finally:
+        await fwd.close()
+        peer.sock.close(0)
         ctx.term()

@@ -174,7 +174,8 @@ def test_same_host_senders_reach_the_worker_by_its_local_endpoint(
         links = client._client._fwd._links  # which address each link took is the point
         assert links and {w: link.address for w, link in links.items()} == {w: expected[w] for w in links}
     for router in cluster.routers:
-        assert _router_links(router) == expected
+        addresses = _router_links(router)
+        assert {w: addresses.get(w) for w in expected} == expected
 
 
 def test_a_worker_without_its_local_endpoint_is_reached_over_tcp(
@@ -608,6 +609,40 @@ def test_a_worker_restarted_under_its_id_is_reached_at_its_new_endpoint(
         direct = client.stats.direct
         out = wait_for(lambda: _direct_answer(client), timeout_s=10, what="a direct answer")
         assert out["OUTPUT0"].shape == (4, 16) and client.stats.direct > direct
+
+
+def test_a_worker_restarted_at_the_same_endpoint_is_reached_at_its_new_local_name(
+    tmp_path: Path, etcd_endpoint: str, repo: Path
+) -> None:
+    """kill -9, then the same worker id on the same port (a fixed port, as compose's): only the
+    incarnation changes, and so does the same-host name; the SDK's link follows it and direct requests
+    reach the new process, not the old name nobody listens on any more."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    flags = {"worker_id": "w-port", "zmq_bind": f"tcp://127.0.0.1:{port}"}
+    with _one_worker_mesh(tmp_path, etcd_endpoint, repo, **flags) as (client, started):
+        before = client.route(MODEL)
+        client.infer(MODEL, {"INPUT0": _x()}, direct=True)
+        started[0].kill()
+        started.append(
+            WorkerProcess(tmp_path, etcd_endpoint, repo, prefix=started[0].prefix, **flags).start()
+        )
+
+        def restarted() -> bool:
+            try:
+                route = client.route(MODEL)
+            except MCPError:
+                return False
+            return route.incarnation != before.incarnation
+
+        wait_for(restarted, timeout_s=60, what="the new incarnation routed")
+        assert client.route(MODEL).endpoint == before.endpoint
+        out = wait_for(lambda: _direct_answer(client), timeout_s=10, what="a direct answer")
+        assert out["OUTPUT0"].shape == (4, 16)
+        [link] = client._client._fwd._links.values()
+        route = client.route(MODEL)
+        assert link.address == wire.local_endpoint("w-port", route.incarnation, route.endpoint)
 
 
 def _direct_answer(client: MeshClient) -> dict[str, np.ndarray] | None:

@@ -31,8 +31,9 @@ Invariants:
   Coalesced replies, which every request says it takes (``FLAG_TAKES_COALESCED``), are taken apart and
   each delivered as a single one.
 - A link connects to the worker's same-host endpoint (``wire.local_endpoint``, an abstract Unix socket)
-  when its record lists ``FEATURE_LOCAL`` and that socket answers from here, else to its published
-  endpoint; a worker whose incarnation changes (restarted) gets a new link, as its local name did.
+  when its record lists ``FEATURE_LOCAL``, publishes an address of this host, and that socket answers from
+  here; else to its published endpoint. A link to a same-host endpoint is opened anew when the worker's
+  incarnation changes (restarted: its name changed); a TCP link reconnects by itself, as before.
 - Tensors go out and come back without copies (``copy=False``, ``np.frombuffer`` views of reply frames).
 - A decoupled model's replies before its last (``FLAG_PARTIAL``) go to the request's ``on_partial`` in
   order; the request stays in flight until its last reply, and one that does not decode fails it.
@@ -48,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import ipaddress
 import itertools
 import logging
 import socket
@@ -94,9 +96,11 @@ class LinkTarget(Protocol):
 
 
 def link_address(endpoint: LinkTarget) -> str:
-    """Where a link to ``endpoint`` connects: its same-host endpoint when the record offers one and it
-    listens here (a connect to an abstract Unix socket answers at once either way), else its ``zmq``."""
-    if wire.FEATURE_LOCAL in endpoint.zmq_features and endpoint.incarnation:
+    """Where a link to ``endpoint`` connects: its same-host endpoint when the record offers one, publishes
+    an address of this host and the name listens here (a connect to an abstract Unix socket answers at
+    once either way), else its ``zmq``. A worker published at another host's address is never looked for
+    here, so a local process cannot stand in for it by binding its name."""
+    if wire.FEATURE_LOCAL in endpoint.zmq_features and endpoint.incarnation and _this_host(endpoint.zmq):
         local = wire.local_endpoint(
             endpoint.id, endpoint.incarnation, endpoint.zmq, endpoint.curve_public_key
         )
@@ -107,9 +111,28 @@ def link_address(endpoint: LinkTarget) -> str:
                 return local
             except BlockingIOError:  # its backlog is full: it listens
                 return local
-            except OSError:  # nobody by that name in this network namespace: another host
+            except OSError:  # nobody by that name in this network namespace
                 pass
     return endpoint.zmq
+
+
+def _this_host(zmq_endpoint: str) -> bool:
+    """``tcp://HOST:PORT`` names an IP address of this network namespace (loopback, or one a socket can
+    bind here). A host name is not resolved (no lookups on the loop): such a worker is reached by TCP."""
+    host = zmq_endpoint.removeprefix("tcp://").rpartition(":")[0].strip("[]")
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if address.is_loopback:
+        return True
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as udp:
+        try:
+            udp.bind((host, 0))  # only an address assigned here binds
+        except OSError:
+            return False
+    return True
 
 
 class NotSent(Unavailable):
@@ -238,7 +261,7 @@ class Forwarder:
                 link.endpoint.curve_public_key,
             ):
                 self._close(worker_id, link, "left the routing table")
-            elif new.incarnation not in ("", link.endpoint.incarnation) and link.endpoint.incarnation:
+            elif link.address != link.endpoint.zmq and new.incarnation != link.endpoint.incarnation:
                 self._close(worker_id, link, "restarted")  # its same-host endpoint has a new name
         for worker_id, endpoint in workers.items():
             link = self._links.get(worker_id)
@@ -247,7 +270,7 @@ class Forwarder:
                     link = _Link(endpoint, self)
                 except zmq.ZMQError as exc:  # one unusable endpoint must not cost the others their links
                     self._on_error("zmq_link")
-                    log.error("cannot open a link to worker %s at %s: %s", worker_id, endpoint.zmq, exc)
+                    log.error("cannot open a link to worker %s (%s): %s", worker_id, endpoint.zmq, exc)
                     continue
                 self._loop = asyncio.get_running_loop()
                 self._loop.add_reader(link.sock.FD, self._readable, link)

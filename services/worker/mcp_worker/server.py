@@ -425,7 +425,7 @@ class Worker:
             "curve_public_key": self._curve_public.decode(),
             "incarnation": self.incarnation,
             # it takes coalesced messages (tensor.proto); "local": senders on this host may use its
-            # same-host endpoint, named from its id and incarnation (wire.local_endpoint)
+            # same-host endpoint, named from this record's fields (wire.local_endpoint)
             "zmq_features": [wire.FEATURE_BATCH] + [wire.FEATURE_LOCAL] * bool(self.tensors.local_endpoint),
             "capacity": cfg.capacity,
             "draining": self.draining,

@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -200,9 +201,12 @@ class TensorServer:
         """Also listen on ``address`` (``wire.local_endpoint``: same-host senders), best effort; the same
         socket, so the same CURVE keys, limits and replies by identity. False: senders use ``endpoint``."""
         assert self._sock is not None, "start() first"
+        if not sys.platform.startswith("linux"):  # elsewhere "@name" would be a file in the working dir
+            log.info("no same-host endpoint off Linux (no abstract sockets); senders use %s", self.endpoint)
+            return False
         try:
             self._sock.bind(address)
-        except zmq.ZMQError as exc:  # not Linux, or the name is taken
+        except zmq.ZMQError as exc:  # the name is taken
             log.warning("no same-host endpoint %s (%s); senders use %s", address, exc, self.endpoint)
             return False
         self.local_endpoint = address
