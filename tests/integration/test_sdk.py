@@ -425,21 +425,24 @@ def _one_worker_mesh(
             proc.stop()
 
 
+@pytest.mark.parametrize("local", [True, False], ids=["same-host endpoint", "tcp"])
 def test_the_direct_path_speaks_curve_to_a_worker_that_requires_it(
-    tmp_path: Path, etcd_endpoint: str, repo: Path
+    tmp_path: Path, etcd_endpoint: str, repo: Path, local: bool
 ) -> None:
+    """Over the same-host endpoint and over TCP (what other hosts use), with the worker's CURVE key."""
     _, secret_file = zmq.auth.create_certificates(str(tmp_path), "worker")
     server_public, _ = zmq.auth.load_certificate(secret_file)
-    with _one_worker_mesh(tmp_path, etcd_endpoint, repo, zmq_curve_secret_key_file=secret_file) as (
-        client,
-        _,
-    ):
-        assert client.route(MODEL).curve_public_key == server_public.decode()
+    flags = {"zmq_curve_secret_key_file": secret_file, "zmq_local": local}
+    with _one_worker_mesh(tmp_path, etcd_endpoint, repo, **flags) as (client, _):
+        route = client.route(MODEL)
+        assert route.curve_public_key == server_public.decode()
         x = _x()
         out = client.infer(MODEL, {"INPUT0": x}, direct=True)
         np.testing.assert_allclose(out["OUTPUT0"], mlp_reference(repo, MODEL, "1", x), rtol=1e-5, atol=1e-6)
         # without the key the handshake would never complete and the request would go by the router
         assert (client.stats.direct, client.stats.fallbacks) == (1, 0)
+        [link] = client._client._fwd._links.values()
+        assert link.address.startswith("ipc://@mcpmesh-" if local else "tcp://127.0.0.1:")
 
 
 def _keys_on_two_workers(client: MeshClient) -> tuple[str, str]:
