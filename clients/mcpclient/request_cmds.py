@@ -26,7 +26,7 @@ from rich.text import Text
 from mcpapi.v2 import inference_pb2
 from mcpclient.ctlkit import Ctl, connects, output_option, pass_ctl
 from mcpclient.views import add_row, plain_table
-from mcpcore import dtypes
+from mcpcore import dtypes, wire
 from mcpcore.errors import InvalidArgument
 
 __all__ = ["COMMANDS"]
@@ -198,7 +198,8 @@ def infer_cmd(
 @output_option
 @pass_ctl
 def route_cmd(ctl: Ctl, model: str, key: str, version: str) -> None:
-    """Where a request for MODEL (and --key) would go: worker, endpoint, version, breaker level."""
+    """Where a request for MODEL (and --key) would go: worker, endpoint (and the same-host one), version,
+    breaker level."""
     r = ctl.call(
         "router", "Route", inference_pb2.RouteRequest(model=model, version=version, routing_key=key), 10
     )
@@ -213,11 +214,23 @@ def route_cmd(ctl: Ctl, model: str, key: str, version: str) -> None:
         "features_off": list(r.features_off),
         "zmq_features": list(r.zmq_features),
         "incarnation": r.incarnation,
+        # what a router or SDK client on the worker's own host connects to instead ("": none offered)
+        "local_endpoint": wire.local_endpoint(r.worker_id, r.incarnation, r.data_endpoint, r.curve_public_key)
+        if wire.FEATURE_LOCAL in r.zmq_features
+        else "",
     }
 
     def table() -> Table:
         t = plain_table("FIELD", "VALUE", header=False)
-        for field in ("worker", "endpoint", "version", "breaker_level", "incarnation", "zmq_features"):
+        for field in (
+            "worker",
+            "endpoint",
+            "local_endpoint",
+            "version",
+            "breaker_level",
+            "incarnation",
+            "zmq_features",
+        ):
             value = doc[field]
             add_row(t, field.upper(), (",".join(value) if isinstance(value, list) else str(value)) or "-")
         return t

@@ -40,6 +40,7 @@ from harness import (
 
 from mcpclient.cluster_cmds import status_table
 from mcpclient.mcpctl import main
+from mcpcore import wire
 from mcpcore.keys import Keyspace
 
 MCPCTL = Path(sys.executable).parent / "mcpctl"  # the console script pyproject.toml installs
@@ -342,6 +343,8 @@ def test_route_names_the_worker_process(mesh: dict[str, Any], capsys: pytest.Cap
     )
     assert route["breaker_level"] == 0 and route["incarnation"]
     assert isinstance(route["zmq_features"], list) and route["curve_public_key"] == ""  # a plaintext socket
+    local = wire.local_endpoint(worker.worker_id, route["incarnation"], route["endpoint"])
+    assert "local" in route["zmq_features"] and route["local_endpoint"] == local
     code, table, _ = ctl(capsys, *mesh["args"], "route", "demo-mlp", "--version", "1")
     assert code == 0 and ["WORKER", worker.worker_id] in [line.split() for line in table.splitlines()]
 
