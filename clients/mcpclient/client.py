@@ -36,12 +36,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import os
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import grpc
@@ -68,7 +69,7 @@ from mcpcore.errors import (
 )
 from mcpcore.forwarder import Forwarder, MayHaveStarted, NotSent
 from mcpcore.retry import RetryBudget
-from mcpcore.signing import RecordVerifier, payload
+from mcpcore.signing import RecordVerifier, local_claim, payload
 from mcpcore.tls import TLSConfig, aio_channel, load_curve_keypair
 
 __all__ = ["AsyncMeshClient", "ClientStats", "MeshClient", "ModelInfo", "ReplicaInfo", "Route", "TLSConfig"]
@@ -116,6 +117,7 @@ class Route:
     record_certificate: str = ""  # the worker record's proof (mcpcore.signing)
     record_signature: str = ""
     control_endpoint: str = ""  # the worker's gRPC address (signed with the record)
+    record_local_signature: str = ""  # its signed offer of a same-host endpoint (mcpcore.signing.local_claim)
 
     # mcpcore.forwarder.LinkTarget
     @property
@@ -286,7 +288,7 @@ def _route(model: str, r: inference_pb2.RouteResponse) -> Route:
     return Route(
         model, r.version, r.worker_id, r.data_endpoint, r.breaker_level, r.header_flags, r.curve_public_key,
         tuple(r.features_off), frozenset(r.zmq_features), r.incarnation, r.idempotent,
-        r.record_certificate, r.record_signature, r.control_endpoint,
+        r.record_certificate, r.record_signature, r.control_endpoint, r.record_local_signature,
     )  # fmt: skip
 
 
@@ -328,7 +330,7 @@ class AsyncMeshClient:
         self._tls = tls
         # given the CA, a worker's signed record is checked before tensors go to it (mcpcore.signing)
         self._verifier = RecordVerifier(tls.ca_file) if tls is not None and tls.ca_file else None
-        self._verified: set[Route] = set()
+        self._verified: dict[Route, Route] = {}  # a route checked -> the one to use (module docstring)
         self._idempotent: dict[tuple[str, str], bool] = {}  # (model, version asked) -> may run twice
         self._curve = load_curve_keypair(curve_secret_key_file) if curve_secret_key_file else None
         self._scheduler_address = scheduler or os.environ.get("MCP_SCHEDULER", DEFAULT_SCHEDULER)
@@ -412,8 +414,8 @@ class AsyncMeshClient:
         route = await self._cached_route(call)
         if self._unreachable.get(route.worker_id, 0.0) > time.monotonic():  # its link would not come up
             return self._fall_back(call)
-        if self._verifier is not None and route not in self._verified:
-            self._verify(route)
+        if self._verifier is not None:
+            route = self._verified.get(route) or self._verify(route)
         fwd = self._link(route)
         if not await fwd.wait_connected(route.worker_id, min(call.left(), _CONNECT_WAIT_S)):
             self._forget(model)
@@ -465,17 +467,29 @@ class AsyncMeshClient:
             )
         self.stats.fallbacks += 1
 
-    def _verify(self, route: Route) -> None:
+    def _verify(self, route: Route) -> Route:
+        """``route`` once its record's signature verifies (else ``PermissionDenied``), without its offer of a
+        same-host endpoint when that offer's own signature does not verify (its link then goes to the
+        signed endpoint)."""
         assert self._verifier is not None
         signed = payload(
             route.worker_id, route.incarnation, route.endpoint, route.curve_public_key, route.control_endpoint
         )
-        why = self._verifier.verify(route.worker_id, signed, route.record_certificate, route.record_signature)
+        verify = functools.partial(
+            self._verifier.verify, route.worker_id, certificate=route.record_certificate
+        )
+        why = verify(signed, signature=route.record_signature)
         if why:
             raise PermissionDenied(f"worker {route.worker_id} at {route.endpoint}: {why}; nothing sent")
+        use = route
+        if wire.FEATURE_LOCAL in route.zmq_features and verify(
+            local_claim(signed), signature=route.record_local_signature
+        ):
+            use = replace(route, zmq_features=route.zmq_features - {wire.FEATURE_LOCAL})
         if len(self._verified) > 4096:
             self._verified.clear()
-        self._verified.add(route)
+        self._verified[route] = use
+        return use
 
     def _link(self, route: Route) -> Forwarder:
         if self._fwd is None:

@@ -54,7 +54,7 @@ from mcpclient import MeshClient, PermissionDenied, TLSConfig, Unavailable
 from mcpclient.mcpctl import main as mcpctl_main
 from mcpcore import dtypes, wire
 from mcpcore.keys import Keyspace
-from mcpcore.signing import RecordSigner, payload
+from mcpcore.signing import RecordSigner, local_claim, payload
 
 WORKER = f"w-sec-{uuid.uuid4().hex[:4]}"
 X = np.random.default_rng(11).random((1, 64), dtype=np.float32)
@@ -368,6 +368,70 @@ def test_the_sdk_verifies_the_worker_record_and_goes_direct_over_curve(mesh, rep
         etcd_put(mesh.etcd, key, real)
         lax.stop()
         impostor.close(linger=0)
+
+
+def _router_link(mesh: Secured) -> tuple[list[str], str]:
+    """The router's view of the worker: its zmq_features as taken, and where its link connects."""
+    url = f"http://{mesh.router.endpoints['metrics']}/debug/snapshot"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        doc = json.load(resp)["workers"][WORKER]
+    return doc["zmq_features"], doc["link_address"]
+
+
+def _direct_link(client: MeshClient) -> str:
+    [link] = client._client._fwd._links.values()  # where the SDK's link went is the point
+    return link.address
+
+
+def test_the_same_host_offer_is_signed_and_an_unsigned_one_is_not_taken(mesh, repo, tmp_path):
+    """The worker signs its offer of a same-host endpoint; the router (with the CA) and the SDK (with the CA)
+    take the endpoint only while that signature verifies. With the offer's signature stripped from etcd or
+    made by another worker's key, the router connects to the signed TCP endpoint instead, and so does the
+    SDK even through a router without the CA (which passes the offer on); answers go on."""
+    certs = mesh.certs
+    key = Keyspace(mesh.prefix).worker(WORKER)
+    real = etcd_get(mesh.etcd, key)
+    signed = payload(WORKER, real["incarnation"], real["zmq"], real["curve_public_key"], real["grpc"])
+    local = wire.local_endpoint(WORKER, real["incarnation"], real["zmq"], real["curve_public_key"])
+    assert wire.FEATURE_LOCAL in real["zmq_features"] and real["record_local_signature"]
+    other = RecordSigner(str(certs / "w-other.pem"), str(certs / "w-other.key"))
+    sdk = {
+        "tls": client_tls(certs, "client"),
+        "curve_secret_key_file": str(certs / "curve" / "client.key_secret"),
+    }
+    want = mlp_reference(repo, "demo-mlp", "1", X)
+    lax = RouterProcess(tmp_path, mesh.etcd, prefix=mesh.prefix, scheduler="",
+                        zmq_curve_secret_key_file=certs / "curve" / "mcp-router.key_secret")  # fmt: skip
+    lax.env.update({"MCP_ROUTER_TLS__CERT_FILE": str(certs / "mcp-router.pem"),
+                    "MCP_ROUTER_TLS__KEY_FILE": str(certs / "mcp-router.key")})  # fmt: skip
+    lax.start()
+    try:
+        wait_for(
+            lambda: _router_link(mesh)[1] == local, 10, 0.05, "the router's link to the same-host endpoint"
+        )
+        with MeshClient(mesh.router.endpoints["grpc"], **sdk) as client:
+            got = client.infer("demo-mlp", {"INPUT0": X}, version="1", direct=True)
+            np.testing.assert_allclose(got["OUTPUT0"], want, rtol=1e-5)
+            assert _direct_link(client) == local
+        for forged in (
+            {k: v for k, v in real.items() if k != "record_local_signature"},  # the offer, unsigned
+            {**real, "record_local_signature": other.sign(local_claim(signed))},  # signed by another worker
+        ):
+            etcd_put(mesh.etcd, key, forged)
+            wait_for(
+                lambda: _router_link(mesh) == (["batch"], real["zmq"]), 10, 0.05, "the router back on TCP"
+            )
+            np.testing.assert_allclose(_infer(mesh.channel("router", "client")), want, rtol=1e-5)
+            with MeshClient(lax.endpoints["grpc"], route_ttl_s=0, **sdk) as client:
+                wait_for(lambda c=client: wire.FEATURE_LOCAL in c.route("demo-mlp").zmq_features, 10, 0.05,
+                         "the lax router to offer the same-host endpoint")  # fmt: skip
+                got = client.infer("demo-mlp", {"INPUT0": X}, version="1", direct=True)
+                np.testing.assert_allclose(got["OUTPUT0"], want, rtol=1e-5)
+                assert _direct_link(client) == real["zmq"] and client.stats.direct == 1
+    finally:
+        etcd_put(mesh.etcd, key, real)
+        lax.stop()
+    wait_for(lambda: _router_link(mesh)[1] == local, 10, 0.05, "the router back on the same-host endpoint")
 
 
 def _routed_to(client: MeshClient, port: int) -> bool:

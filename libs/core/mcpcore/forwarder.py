@@ -33,7 +33,8 @@ Invariants:
 - A link connects to the worker's same-host endpoint (``wire.local_endpoint``, an abstract Unix socket)
   when its record lists ``FEATURE_LOCAL``, publishes an address of this host, and that socket answers from
   here; else to its published endpoint. A link to a same-host endpoint is opened anew when the worker's
-  incarnation changes (restarted: its name changed); a TCP link reconnects by itself, as before.
+  incarnation changes (restarted: its name changed); a TCP link reconnects by itself, as before. A link is
+  opened anew too when the record starts or stops offering the same-host endpoint.
 - Tensors go out and come back without copies (``copy=False``, ``np.frombuffer`` views of reply frames).
 - A decoupled model's replies before its last (``FLAG_PARTIAL``) go to the request's ``on_partial`` in
   order; the request stays in flight until its last reply, and one that does not decode fails it.
@@ -100,7 +101,7 @@ def link_address(endpoint: LinkTarget) -> str:
     an address of this host and the name listens here (a connect to an abstract Unix socket answers at
     once either way), else its ``zmq``. A worker published at another host's address is never looked for
     here, so a local process cannot stand in for it by binding its name."""
-    if wire.FEATURE_LOCAL in endpoint.zmq_features and endpoint.incarnation and _this_host(endpoint.zmq):
+    if _offers_local(endpoint) and endpoint.incarnation and _this_host(endpoint.zmq):
         local = wire.local_endpoint(
             endpoint.id, endpoint.incarnation, endpoint.zmq, endpoint.curve_public_key
         )
@@ -114,6 +115,10 @@ def link_address(endpoint: LinkTarget) -> str:
             except OSError:  # nobody by that name in this network namespace
                 pass
     return endpoint.zmq
+
+
+def _offers_local(endpoint: LinkTarget) -> bool:
+    return wire.FEATURE_LOCAL in endpoint.zmq_features
 
 
 def _this_host(zmq_endpoint: str) -> bool:
@@ -263,6 +268,8 @@ class Forwarder:
                 self._close(worker_id, link, "left the routing table")
             elif link.address != link.endpoint.zmq and new.incarnation != link.endpoint.incarnation:
                 self._close(worker_id, link, "restarted")  # its same-host endpoint has a new name
+            elif _offers_local(new) != _offers_local(link.endpoint):
+                self._close(worker_id, link, "changed its same-host endpoint")  # offered or withdrawn
         for worker_id, endpoint in workers.items():
             link = self._links.get(worker_id)
             if link is None:

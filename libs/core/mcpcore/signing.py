@@ -12,6 +12,11 @@ record carries the certificate (PEM) and the signature (base64). Routers (from e
 - the signature over the payload verifies with the certificate's key (EC P-256/P-384 ECDSA-SHA256, RSA
   PKCS#1 v1.5 SHA-256, or Ed25519).
 
+A worker that offers its same-host endpoint signs that offer too (``local_claim``, the record's
+``record_local_signature``): a verifying sender uses the endpoint only when it verifies, so whoever can
+write etcd cannot add the offer to a worker that does not listen there and have a local process bind the
+name.
+
 A forged record (another endpoint or CURVE key, unsigned, signed by another CA or for another id) fails,
 and the verifier says why in one line. A certificate is checked once and remembered; the signature is
 checked on every record change (a fraction of a millisecond).
@@ -30,7 +35,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 
-__all__ = ["RecordSigner", "RecordVerifier", "payload", "worker_uri"]
+__all__ = ["RecordSigner", "RecordVerifier", "local_claim", "payload", "worker_uri"]
 
 _CACHE_MAX = 4096
 _URN = "urn:mcpmesh:worker:"
@@ -45,6 +50,13 @@ def payload(worker_id: str, incarnation: str, zmq: str, curve_public_key: str, g
     """The signed bytes: what decides where a request's tensors and a worker's control calls go."""
     fields = ("mcpmesh worker record v1", worker_id, incarnation, zmq, curve_public_key, grpc)
     return "\n".join(fields).encode()
+
+
+def local_claim(signed_payload: bytes) -> bytes:
+    """The bytes of ``record_local_signature``: the record's payload and its offer of a same-host endpoint
+    (``zmq_features`` "local", whose name ``wire.local_endpoint`` derives from the payload's fields). A
+    separate signature, so records signed before it existed verify as they did."""
+    return signed_payload + b"\noffers its same-host endpoint"
 
 
 class RecordSigner:

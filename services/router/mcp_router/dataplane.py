@@ -127,6 +127,7 @@ class RouteDecision:
     record_certificate: str = ""  # the worker record's proof (mcpcore.signing), for a direct client
     record_signature: str = ""
     control_endpoint: str = ""  # the worker's gRPC address (signed with the record)
+    record_local_signature: str = ""  # the signed offer of its same-host endpoint (mcpcore.signing)
 
 
 @dataclass(frozen=True)

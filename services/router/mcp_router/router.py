@@ -408,6 +408,7 @@ class Router(DataPlane):
                 tuple(sorted(endpoint.zmq_features)), endpoint.incarnation,
                 route.idempotent.get(chosen, False), (),
                 endpoint.record_certificate, endpoint.record_signature, endpoint.grpc,
+                endpoint.record_local_signature,
             )  # fmt: skip
 
         if candidates <= 1 or routing_key:

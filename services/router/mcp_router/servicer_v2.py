@@ -53,7 +53,7 @@ def _route_response(d: RouteDecision) -> v2.RouteResponse:
         idempotent=d.idempotent,
         alternatives=[_route_response(a) for a in d.alternatives],
         record_certificate=d.record_certificate, record_signature=d.record_signature,
-        control_endpoint=d.control_endpoint,
+        control_endpoint=d.control_endpoint, record_local_signature=d.record_local_signature,
     )  # fmt: skip
 
 

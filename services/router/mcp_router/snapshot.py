@@ -31,12 +31,13 @@ from typing import Any
 
 from mcp_router.dataplane import Batching, ModelConfigInfo, ModelMetadata, TensorMeta
 from mcp_router.ring import HashRing
+from mcpcore import wire
 from mcpcore.breaker import BreakerDoc, parse_breaker, parse_policy
 from mcpcore.errors import InvalidArgument
 from mcpcore.keys import Keyspace
 from mcpcore.mirror import PrefixMirror
 from mcpcore.modelspec import DEFAULT_MAX_ONGOING_REQUESTS
-from mcpcore.signing import RecordVerifier, payload
+from mcpcore.signing import RecordVerifier, local_claim, payload
 from mcpcore.store import EventType, Store
 
 __all__ = ["ModelRoute", "RoutingTable", "Snapshots", "Split", "WorkerEndpoint"]
@@ -56,6 +57,7 @@ class WorkerEndpoint:
     zmq_features: frozenset[str] = frozenset()  # what its tensor socket takes besides single messages
     record_certificate: str = ""  # the signed record's proof (mcpcore.signing), handed to direct clients
     record_signature: str = ""
+    record_local_signature: str = ""  # its signed offer of the same-host endpoint (signing.local_claim)
 
 
 @dataclass(frozen=True)
@@ -277,6 +279,17 @@ class Snapshots:
                 self._on_rejected("worker_signature")
                 log.warning("rejected the record of worker %s: %s (nothing is sent there)", worker, why)
                 return ""
+        features = _features(doc.get("zmq_features"))
+        if (
+            self._verifier is not None
+            and wire.FEATURE_LOCAL in features
+            and not self._local_signed(worker, doc)
+        ):
+            # an unsigned offer of the same-host endpoint is not taken: the link goes to the signed endpoint
+            log.warning(
+                "worker %s: its offer of a same-host endpoint is not signed; using %s", worker, doc["zmq"]
+            )
+            features -= {wire.FEATURE_LOCAL}
         self._ghosts.pop(worker, None)  # registered again: its records say what it holds
         capacity = doc.get("capacity", 1.0)
         valid = isinstance(capacity, int | float) and not isinstance(capacity, bool) and 0 < capacity <= 64
@@ -288,16 +301,23 @@ class Snapshots:
             float(capacity) if valid else 1.0,
             bool(doc.get("draining")),
             str(doc.get("grpc", "")),
-            _features(doc.get("zmq_features")),
+            features,
             str(doc.get("record_certificate", "")),
             str(doc.get("record_signature", "")),
+            str(doc.get("record_local_signature", "")),
         )
         return "*"
 
+    def _local_signed(self, worker: str, doc: dict[str, Any]) -> bool:
+        """Its offer of a same-host endpoint carries a valid signature (``record_local_signature``)."""
+        assert self._verifier is not None
+        data = local_claim(_signed_payload(worker, doc))
+        certificate, signature = doc.get("record_certificate"), doc.get("record_local_signature")
+        return not self._verifier.verify(worker, data, certificate, signature)
+
     def _verify(self, worker: str, doc: dict[str, Any]) -> str:
         assert self._verifier is not None
-        key = str(doc.get("curve_public_key", ""))
-        data = payload(worker, str(doc.get("incarnation", "")), doc["zmq"], key, str(doc.get("grpc", "")))
+        data = _signed_payload(worker, doc)
         return self._verifier.verify(worker, data, doc.get("record_certificate"), doc.get("record_signature"))
 
     def _apply_model(self, model: str, what: str, value: bytes | None) -> str:
@@ -427,6 +447,12 @@ def _bad_worker_record(doc: Any) -> str:
     if key and (not isinstance(key, str) or not _Z85_KEY.fullmatch(key)):
         return "curve_public_key is not a 40-character z85 key"
     return ""
+
+
+def _signed_payload(worker: str, doc: dict[str, Any]) -> bytes:
+    """What the worker's record signature covers (mcpcore.signing.payload)."""
+    key = str(doc.get("curve_public_key", ""))
+    return payload(worker, str(doc.get("incarnation", "")), doc["zmq"], key, str(doc.get("grpc", "")))
 
 
 def _features(value: Any) -> frozenset[str]:

@@ -58,7 +58,7 @@ from mcpcore.lifecycle import ReplicaLifecycle, ReplicaState
 from mcpcore.looplag import LoopLagMonitor
 from mcpcore.metrics import RequestMetrics, start_metrics_server
 from mcpcore.serving import GrpcService, advertised_host
-from mcpcore.signing import RecordSigner, payload
+from mcpcore.signing import RecordSigner, local_claim, payload
 from mcpcore.tls import load_curve_keypair
 from mcpcore.windows import WindowPublisher, Windows
 
@@ -435,6 +435,8 @@ class Worker:
             zmq_endpoint, grpc_endpoint = self.endpoints["zmq"], self.endpoints["grpc"]
             signed = payload(cfg.worker_id, self.incarnation, zmq_endpoint, curve, grpc_endpoint)
             record.update(self._signer.fields(signed))
+            if self.tensors.local_endpoint:  # the offer of the same-host endpoint, signed too
+                record["record_local_signature"] = self._signer.sign(local_claim(signed))
         return record
 
     def _gpu_metrics(self) -> None:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from mcpapi.v2 import tensor_pb2 as mcpapi_dot_v2_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19mcpapi/v2/inference.proto\x12\tmcpapi.v2\x1a\x16mcpapi/v2/tensor.proto\"i\n\x0cRouteRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x13\n\x0brouting_key\x18\x03 \x01(\t\x12\x10\n\x08priority\x18\x04 \x01(\r\x12\x12\n\ncandidates\x18\x05 \x01(\r\"\xe6\x02\n\rRouteResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x15\n\rdata_endpoint\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x15\n\rbreaker_level\x18\x04 \x01(\r\x12\x14\n\x0cheader_flags\x18\x05 \x01(\r\x12\x18\n\x10\x63urve_public_key\x18\x06 \x01(\t\x12\x14\n\x0c\x66\x65\x61tures_off\x18\x07 \x03(\t\x12\x14\n\x0czmq_features\x18\x08 \x03(\t\x12\x13\n\x0bincarnation\x18\t \x01(\t\x12\x12\n\nidempotent\x18\n \x01(\x08\x12.\n\x0c\x61lternatives\x18\x0b \x03(\x0b\x32\x18.mcpapi.v2.RouteResponse\x12\x1a\n\x12record_certificate\x18\x0c \x01(\t\x12\x18\n\x10record_signature\x18\r \x01(\t\x12\x18\n\x10\x63ontrol_endpoint\x18\x0e \x01(\t\"]\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\"\n\x05\x64type\x18\x05 \x01(\x0e\x32\x13.mcpapi.v2.DataTypeJ\x04\x08\x02\x10\x03\"\xa1\x02\n\x0cInferRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x13\n\x0brouting_key\x18\x04 \x01(\t\x12!\n\x06inputs\x18\x05 \x03(\x0b\x32\x11.mcpapi.v2.Tensor\x12\x10\n\x08priority\x18\x06 \x01(\r\x12\x12\n\ntimeout_us\x18\x07 \x01(\x04\x12;\n\nparameters\x18\x08 \x03(\x0b\x32\'.mcpapi.v2.InferRequest.ParametersEntry\x12\x0f\n\x07outputs\x18\t \x03(\t\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xeb\x01\n\rInferResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\"\n\x07outputs\x18\x04 \x03(\x0b\x32\x11.mcpapi.v2.Tensor\x12\x11\n\tworker_id\x18\x05 \x01(\t\x12<\n\nparameters\x18\x06 \x03(\x0b\x32(.mcpapi.v2.InferResponse.ParametersEntry\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32\x83\x01\n\tInference\x12:\n\x05Route\x12\x17.mcpapi.v2.RouteRequest\x1a\x18.mcpapi.v2.RouteResponse\x12:\n\x05Infer\x12\x17.mcpapi.v2.InferRequest\x1a\x18.mcpapi.v2.InferResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19mcpapi/v2/inference.proto\x12\tmcpapi.v2\x1a\x16mcpapi/v2/tensor.proto\"i\n\x0cRouteRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x13\n\x0brouting_key\x18\x03 \x01(\t\x12\x10\n\x08priority\x18\x04 \x01(\r\x12\x12\n\ncandidates\x18\x05 \x01(\r\"\x86\x03\n\rRouteResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x15\n\rdata_endpoint\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x15\n\rbreaker_level\x18\x04 \x01(\r\x12\x14\n\x0cheader_flags\x18\x05 \x01(\r\x12\x18\n\x10\x63urve_public_key\x18\x06 \x01(\t\x12\x14\n\x0c\x66\x65\x61tures_off\x18\x07 \x03(\t\x12\x14\n\x0czmq_features\x18\x08 \x03(\t\x12\x13\n\x0bincarnation\x18\t \x01(\t\x12\x12\n\nidempotent\x18\n \x01(\x08\x12.\n\x0c\x61lternatives\x18\x0b \x03(\x0b\x32\x18.mcpapi.v2.RouteResponse\x12\x1a\n\x12record_certificate\x18\x0c \x01(\t\x12\x18\n\x10record_signature\x18\r \x01(\t\x12\x18\n\x10\x63ontrol_endpoint\x18\x0e \x01(\t\x12\x1e\n\x16record_local_signature\x18\x0f \x01(\t\"]\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\"\n\x05\x64type\x18\x05 \x01(\x0e\x32\x13.mcpapi.v2.DataTypeJ\x04\x08\x02\x10\x03\"\xa1\x02\n\x0cInferRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x13\n\x0brouting_key\x18\x04 \x01(\t\x12!\n\x06inputs\x18\x05 \x03(\x0b\x32\x11.mcpapi.v2.Tensor\x12\x10\n\x08priority\x18\x06 \x01(\r\x12\x12\n\ntimeout_us\x18\x07 \x01(\x04\x12;\n\nparameters\x18\x08 \x03(\x0b\x32\'.mcpapi.v2.InferRequest.ParametersEntry\x12\x0f\n\x07outputs\x18\t \x03(\t\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xeb\x01\n\rInferResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\"\n\x07outputs\x18\x04 \x03(\x0b\x32\x11.mcpapi.v2.Tensor\x12\x11\n\tworker_id\x18\x05 \x01(\t\x12<\n\nparameters\x18\x06 \x03(\x0b\x32(.mcpapi.v2.InferResponse.ParametersEntry\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32\x83\x01\n\tInference\x12:\n\x05Route\x12\x17.mcpapi.v2.RouteRequest\x1a\x18.mcpapi.v2.RouteResponse\x12:\n\x05Infer\x12\x17.mcpapi.v2.InferRequest\x1a\x18.mcpapi.v2.InferResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,17 +39,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROUTEREQUEST']._serialized_start=64
   _globals['_ROUTEREQUEST']._serialized_end=169
   _globals['_ROUTERESPONSE']._serialized_start=172
-  _globals['_ROUTERESPONSE']._serialized_end=530
-  _globals['_TENSOR']._serialized_start=532
-  _globals['_TENSOR']._serialized_end=625
-  _globals['_INFERREQUEST']._serialized_start=628
-  _globals['_INFERREQUEST']._serialized_end=917
-  _globals['_INFERREQUEST_PARAMETERSENTRY']._serialized_start=868
-  _globals['_INFERREQUEST_PARAMETERSENTRY']._serialized_end=917
-  _globals['_INFERRESPONSE']._serialized_start=920
-  _globals['_INFERRESPONSE']._serialized_end=1155
-  _globals['_INFERRESPONSE_PARAMETERSENTRY']._serialized_start=868
-  _globals['_INFERRESPONSE_PARAMETERSENTRY']._serialized_end=917
-  _globals['_INFERENCE']._serialized_start=1158
-  _globals['_INFERENCE']._serialized_end=1289
+  _globals['_ROUTERESPONSE']._serialized_end=562
+  _globals['_TENSOR']._serialized_start=564
+  _globals['_TENSOR']._serialized_end=657
+  _globals['_INFERREQUEST']._serialized_start=660
+  _globals['_INFERREQUEST']._serialized_end=949
+  _globals['_INFERREQUEST_PARAMETERSENTRY']._serialized_start=900
+  _globals['_INFERREQUEST_PARAMETERSENTRY']._serialized_end=949
+  _globals['_INFERRESPONSE']._serialized_start=952
+  _globals['_INFERRESPONSE']._serialized_end=1187
+  _globals['_INFERRESPONSE_PARAMETERSENTRY']._serialized_start=900
+  _globals['_INFERRESPONSE_PARAMETERSENTRY']._serialized_end=949
+  _globals['_INFERENCE']._serialized_start=1190
+  _globals['_INFERENCE']._serialized_end=1321
 # @@protoc_insertion_point(module_scope)

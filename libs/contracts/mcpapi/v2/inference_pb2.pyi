@@ -22,7 +22,7 @@ class RouteRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., routing_key: _Optional[str] = ..., priority: _Optional[int] = ..., candidates: _Optional[int] = ...) -> None: ...
 
 class RouteResponse(_message.Message):
-    __slots__ = ("worker_id", "data_endpoint", "version", "breaker_level", "header_flags", "curve_public_key", "features_off", "zmq_features", "incarnation", "idempotent", "alternatives", "record_certificate", "record_signature", "control_endpoint")
+    __slots__ = ("worker_id", "data_endpoint", "version", "breaker_level", "header_flags", "curve_public_key", "features_off", "zmq_features", "incarnation", "idempotent", "alternatives", "record_certificate", "record_signature", "control_endpoint", "record_local_signature")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     DATA_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +37,7 @@ class RouteResponse(_message.Message):
     RECORD_CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
     RECORD_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     CONTROL_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    RECORD_LOCAL_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     data_endpoint: str
     version: str
@@ -51,7 +52,8 @@ class RouteResponse(_message.Message):
     record_certificate: str
     record_signature: str
     control_endpoint: str
-    def __init__(self, worker_id: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., version: _Optional[str] = ..., breaker_level: _Optional[int] = ..., header_flags: _Optional[int] = ..., curve_public_key: _Optional[str] = ..., features_off: _Optional[_Iterable[str]] = ..., zmq_features: _Optional[_Iterable[str]] = ..., incarnation: _Optional[str] = ..., idempotent: _Optional[bool] = ..., alternatives: _Optional[_Iterable[_Union[RouteResponse, _Mapping]]] = ..., record_certificate: _Optional[str] = ..., record_signature: _Optional[str] = ..., control_endpoint: _Optional[str] = ...) -> None: ...
+    record_local_signature: str
+    def __init__(self, worker_id: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., version: _Optional[str] = ..., breaker_level: _Optional[int] = ..., header_flags: _Optional[int] = ..., curve_public_key: _Optional[str] = ..., features_off: _Optional[_Iterable[str]] = ..., zmq_features: _Optional[_Iterable[str]] = ..., incarnation: _Optional[str] = ..., idempotent: _Optional[bool] = ..., alternatives: _Optional[_Iterable[_Union[RouteResponse, _Mapping]]] = ..., record_certificate: _Optional[str] = ..., record_signature: _Optional[str] = ..., control_endpoint: _Optional[str] = ..., record_local_signature: _Optional[str] = ...) -> None: ...
 
 class Tensor(_message.Message):
     __slots__ = ("name", "shape", "data", "dtype")
