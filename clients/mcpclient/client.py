@@ -495,10 +495,16 @@ class AsyncMeshClient:
         if self._fwd is None:
             self._fwd = Forwarder(max_in_flight=self._max_in_flight, curve_keypair=self._curve)
         known = self._targets.get(route.worker_id)
-        if known is None or (known.endpoint, known.curve_public_key, known.incarnation) != (
+        if known is None or (
+            known.endpoint,
+            known.curve_public_key,
+            known.incarnation,
+            wire.FEATURE_LOCAL in known.zmq_features,
+        ) != (
             route.endpoint,
             route.curve_public_key,
             route.incarnation,  # restarted: its same-host endpoint has a new name
+            wire.FEATURE_LOCAL in route.zmq_features,  # the same-host endpoint offered or withdrawn
         ):
             self._targets[route.worker_id] = route
             fwd, held = (

@@ -423,11 +423,20 @@ def test_the_same_host_offer_is_signed_and_an_unsigned_one_is_not_taken(mesh, re
             )
             np.testing.assert_allclose(_infer(mesh.channel("router", "client")), want, rtol=1e-5)
             with MeshClient(lax.endpoints["grpc"], route_ttl_s=0, **sdk) as client:
-                wait_for(lambda c=client: wire.FEATURE_LOCAL in c.route("demo-mlp").zmq_features, 10, 0.05,
-                         "the lax router to offer the same-host endpoint")  # fmt: skip
+
+                def lax_passes_it_on(c: MeshClient = client, f: dict = forged) -> bool:
+                    route = c.route("demo-mlp")  # the forged record as the lax router took it
+                    offered = wire.FEATURE_LOCAL in route.zmq_features
+                    return offered and route.record_local_signature == f.get("record_local_signature", "")
+
+                wait_for(lax_passes_it_on, 10, 0.05, "the lax router to pass the forged offer on")
                 got = client.infer("demo-mlp", {"INPUT0": X}, version="1", direct=True)
                 np.testing.assert_allclose(got["OUTPUT0"], want, rtol=1e-5)
                 assert _direct_link(client) == real["zmq"] and client.stats.direct == 1
+            etcd_put(mesh.etcd, key, real)  # each forgery starts from the real record, on the local link
+            wait_for(
+                lambda: _router_link(mesh)[1] == local, 10, 0.05, "the router back on the local endpoint"
+            )
     finally:
         etcd_put(mesh.etcd, key, real)
         lax.stop()

@@ -34,7 +34,8 @@ Invariants:
   when its record lists ``FEATURE_LOCAL``, publishes an address of this host, and that socket answers from
   here; else to its published endpoint. A link to a same-host endpoint is opened anew when the worker's
   incarnation changes (restarted: its name changed); a TCP link reconnects by itself, as before. A link is
-  opened anew too when the record starts or stops offering the same-host endpoint.
+  opened anew too when the record starts or stops offering the same-host endpoint and that changes where
+  it connects (never for a worker on another host).
 - Tensors go out and come back without copies (``copy=False``, ``np.frombuffer`` views of reply frames).
 - A decoupled model's replies before its last (``FLAG_PARTIAL``) go to the request's ``on_partial`` in
   order; the request stays in flight until its last reply, and one that does not decode fails it.
@@ -268,8 +269,8 @@ class Forwarder:
                 self._close(worker_id, link, "left the routing table")
             elif link.address != link.endpoint.zmq and new.incarnation != link.endpoint.incarnation:
                 self._close(worker_id, link, "restarted")  # its same-host endpoint has a new name
-            elif _offers_local(new) != _offers_local(link.endpoint):
-                self._close(worker_id, link, "changed its same-host endpoint")  # offered or withdrawn
+            elif _offers_local(new) != _offers_local(link.endpoint) and link_address(new) != link.address:
+                self._close(worker_id, link, "changed its same-host endpoint")  # offered or withdrawn here
         for worker_id, endpoint in workers.items():
             link = self._links.get(worker_id)
             if link is None:
