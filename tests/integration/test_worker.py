@@ -369,6 +369,7 @@ def test_curve_keys_admit_only_clients_that_know_the_server_key(tmp_path, etcd_e
     trusted = TensorClient(proc.endpoints["zmq"], curve_server_key=server_public)
     plain = TensorClient(proc.endpoints["zmq"])
     plain.sock.setsockopt(zmq.RCVTIMEO, 300)
+    plain.sock.setsockopt(zmq.SNDTIMEO, 300)
     try:
         load_and_run(proc.control(), "demo-mlp")
         record = wait_for(lambda: etcd_get(etcd_endpoint, Keyspace(prefix).worker(proc.worker_id)))
@@ -378,8 +379,10 @@ def test_curve_keys_admit_only_clients_that_know_the_server_key(tmp_path, etcd_e
             mlp_reference(repo, "demo-mlp", "1", X),
             rtol=1e-5,
         )
-        plain.send("demo-mlp", {"INPUT0": X})
-        with pytest.raises(zmq.Again):  # the handshake never completes, so no reply can come
+        # The handshake never completes, so no reply can come. Once libzmq has seen the handshake
+        # fail it drops the pipe, and then the send itself cannot go anywhere: either is a refusal.
+        with pytest.raises(zmq.Again):
+            plain.send("demo-mlp", {"INPUT0": X})
             plain.recv()
     finally:
         trusted.close()
