@@ -185,12 +185,13 @@ def small_mesh(
     *,
     repository: bool = False,
     router_flags: dict[str, Any] | None = None,
+    worker_flags: dict[str, Any] | None = None,
 ) -> Iterator[SmallMesh]:
     """One worker, a scheduler and a router on a fresh prefix, with ``model``'s ``versions`` loaded and
     each one routed (KServe ModelReady); stopped in reverse. ``repository``: the router forwards
-    RepositoryModelLoad/Unload to the scheduler; ``router_flags``: more of the router's flags."""
+    RepositoryModelLoad/Unload to the scheduler; ``router_flags``, ``worker_flags``: more of their flags."""
     prefix = f"/t{uuid.uuid4().hex[:8]}/mcp"
-    worker = WorkerProcess(tmp, etcd_endpoint, repo, prefix=prefix).start()
+    worker = WorkerProcess(tmp, etcd_endpoint, repo, prefix=prefix, **(worker_flags or {})).start()
     scheduler = router = None
     try:
         scheduler = SchedulerProcess(tmp, etcd_endpoint, prefix=prefix).start()

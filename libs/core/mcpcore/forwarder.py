@@ -37,6 +37,10 @@ Invariants:
   opened anew too when the record starts or stops offering the same-host endpoint and that changes where
   it connects (never for a worker on another host).
 - Tensors go out and come back without copies (``copy=False``, ``np.frombuffer`` views of reply frames).
+  A sender on a worker's same-host endpoint may lend a shared-memory region instead (``shared``, an
+  ``mcpcore.shm.Lease``): its inputs go there, the worker writes outputs into it, and the reply's views
+  name it. A request abandoned before its reply (deadline, cancelled, link failed in flight) spoils its
+  region, since the worker may still write into it.
 - A decoupled model's replies before its last (``FLAG_PARTIAL``) go to the request's ``on_partial`` in
   order; the request stays in flight until its last reply, and one that does not decode fails it.
 - No future per message: each link's socket is a plain one that the event loop watches by its file
@@ -68,7 +72,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from mcpapi.v2 import tensor_pb2
-from mcpcore import wire
+from mcpcore import shm, wire
 from mcpcore.errors import DataLoss, DeadlineExceeded, Internal, InvalidArgument, MCPError, Unavailable
 
 __all__ = ["Forwarder", "LinkTarget", "MayHaveStarted", "NotSent", "link_address"]
@@ -157,6 +161,7 @@ class _Pending:
     since: float
     on_partial: Callable[[wire.Message], None] | None = None
     answers: int = 0  # partial replies taken (the next one must say this many)
+    shared: shm.Lease | None = None  # the region this request lent the worker
 
 
 class RingLoad:
@@ -365,6 +370,7 @@ class Forwarder:
         timeout_s: float,
         nbytes: int = 0,
         on_partial: Callable[[wire.Message], None] | None = None,
+        shared: shm.Lease | None = None,
     ) -> wire.Message:
         """Send one request (``header.request_id`` from ``new_id()``) and wait for its reply, whatever its
         status; a decoupled model's replies before the last go to ``on_partial`` as they come. Raises
@@ -387,7 +393,12 @@ class Forwarder:
             )
         rid = header.request_id
         header.flags |= wire.FLAG_TAKES_COALESCED  # its reply may come with others (older workers ignore it)
-        frames = wire.encode(header, inputs)
+        place = None
+        if shared is not None:
+            header.flags |= wire.FLAG_SHARED_MEMORY
+            header.reply_region.CopyFrom(shared.reply_region())
+            place = shared.place
+        frames = wire.encode(header, inputs, place)
         if len(frames[0]) > self.limits.max_header_bytes:  # the worker could only refuse it, unnamed
             raise InvalidArgument(
                 f"the request's header is {len(frames[0])} bytes, over the "
@@ -398,7 +409,9 @@ class Forwarder:
         if not coalescing:
             self._send_now(link, frames)
         future: asyncio.Future[wire.Message] = loop.create_future()
-        entry = _Pending(future, (header.model, header.version), nbytes, time.monotonic(), on_partial)
+        entry = _Pending(
+            future, (header.model, header.version), nbytes, time.monotonic(), on_partial, shared=shared
+        )
         link.pending[rid] = entry
         ring = self._rings[entry.ring]
         ring.per_worker[worker_id] = ring.per_worker.get(worker_id, 0) + 1
@@ -476,6 +489,8 @@ class Forwarder:
         entry.future = None
         entry.on_partial = None
         entry.since = time.monotonic()
+        if entry.shared is not None:
+            entry.shared.spoil()
         cancel = tensor_pb2.TensorHeader(
             kind=tensor_pb2.KIND_CANCEL, request_id=header.request_id, model=header.model
         )
@@ -509,6 +524,8 @@ class Forwarder:
                     error: Unavailable = NotSent(f"worker {worker_id} {why} before the request was sent")
                 else:
                     error = MayHaveStarted(f"worker {worker_id} {why} while the request was in flight")
+                    if entry.shared is not None:
+                        entry.shared.spoil()
                 entry.future.set_exception(error)
 
     def _look_again(self, link: _Link) -> None:
@@ -573,6 +590,8 @@ class Forwarder:
             self._on_late()  # the router gave up on it (or never sent it): dropped by id
             return
         try:
+            if entry.shared is not None and not partial:
+                frames = wire.with_regions(header, frames, entry.shared.view, self.limits)
             msg = wire.Message(header, wire.tensors_of(header, frames, self.limits))
         except Exception as exc:  # whatever the reply holds, its request fails now, not at its deadline
             self._on_error("zmq_reply")

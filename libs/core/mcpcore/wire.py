@@ -13,6 +13,9 @@ Invariants:
 - A coalesced message (``KIND_BATCH``, DESIGN.md section 3) is ``coalesce``'d from whole single messages
   without parsing or re-serializing their headers, and ``uncoalesce`` parses all of its headers at once
   and gives each its own tensor frames; a receiver then treats each exactly as a single message.
+- A tensor in a same-host sender's shared memory (``TensorSpec.shm``, ``mcpcore.shm``) has no frame:
+  ``encode`` puts there what its ``place`` takes, and ``with_regions`` gives a receiver the frames again
+  in the header's order, each such tensor as a view of the memory, so the checks above apply unchanged.
 - This module does no I/O and imports no zmq: frames are anything with the buffer protocol, or objects with
   a ``.buffer`` memoryview (``zmq.Frame``).
 """
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,17 +39,20 @@ from mcpcore.signature import tensor_name_problem
 __all__ = [
     "FEATURE_BATCH",
     "FEATURE_LOCAL",
+    "FEATURE_SHM",
     "FLAG_DIRECT",
     "FLAG_DRAINING",
     "FLAG_PARTIAL",
     "FLAG_RETRYABLE",
     "FLAG_SECONDARY_FEATURES_OFF",
+    "FLAG_SHARED_MEMORY",
     "FLAG_TAKES_COALESCED",
     "KIND_BATCH",
     "PARAM_ANSWER",
     "PARAM_FEATURES_OFF",
     "PARAM_TRACEPARENT",
     "RESERVED_PREFIX",
+    "SAME_HOST_FEATURES",
     "Limits",
     "Message",
     "client_parameters",
@@ -59,6 +65,7 @@ __all__ = [
     "raise_for_status",
     "tensors_of",
     "uncoalesce",
+    "with_regions",
 ]
 
 TensorHeader = tensor_pb2.TensorHeader
@@ -68,12 +75,20 @@ FLAG_DRAINING = tensor_pb2.FLAG_DRAINING
 FLAG_PARTIAL = tensor_pb2.FLAG_PARTIAL
 FLAG_TAKES_COALESCED = tensor_pb2.FLAG_TAKES_COALESCED
 FLAG_DIRECT = tensor_pb2.FLAG_DIRECT
+FLAG_SHARED_MEMORY = tensor_pb2.FLAG_SHARED_MEMORY
+SharedRegion = tensor_pb2.SharedRegion
 KIND_BATCH = tensor_pb2.KIND_BATCH
 #: The worker record's ``zmq_features`` entry saying it takes (and answers) coalesced messages.
 FEATURE_BATCH = "batch"
 #: The worker record's ``zmq_features`` entry saying its tensor socket also listens on a local endpoint
 #: (``local_endpoint``): a sender on the same host reaches it there instead of through TCP.
 FEATURE_LOCAL = "local"
+#: The worker record's ``zmq_features`` entry saying it takes tensors in a sender's shared memory (and
+#: writes outputs into the sender's reply region) from a sender on its local endpoint (``mcpcore.shm``).
+FEATURE_SHM = "shm"
+#: What a record offers on its same-host endpoint only: a reader that does not take the offer (its
+#: signature does not verify) drops them all.
+SAME_HOST_FEATURES = frozenset({FEATURE_LOCAL, FEATURE_SHM})
 #: Header parameters under this prefix are the mesh's own; every other one is a client's request
 #: parameter, which the worker hands to the backend (``client_parameters``).
 RESERVED_PREFIX = "mcp."
@@ -112,12 +127,15 @@ class Message:
 
 
 def encode(
-    header: tensor_pb2.TensorHeader, tensors: Mapping[str, np.ndarray] | Sequence[tuple[str, np.ndarray]]
+    header: tensor_pb2.TensorHeader,
+    tensors: Mapping[str, np.ndarray] | Sequence[tuple[str, np.ndarray]],
+    place: Callable[[np.ndarray], tensor_pb2.SharedRegion | None] | None = None,
 ) -> list[Any]:
     """Fill ``header.tensors`` from ``tensors`` and return the frames, header first.
 
     ``header`` is modified in place (its tensor list is replaced). Send the result with
-    ``socket.send_multipart(frames, copy=False)``.
+    ``socket.send_multipart(frames, copy=False)``. ``place``: puts a tensor's bytes in shared memory and
+    says where (``TensorSpec.shm``; it gets no frame), or returns None (it goes as a frame).
     """
     items = list(tensors.items()) if isinstance(tensors, Mapping) else list(tensors)
     del header.tensors[:]
@@ -128,11 +146,55 @@ def encode(
         spec.name = name
         spec.dtype = dtypes.wire_value(dtypes.from_numpy(arr.dtype))
         spec.shape.extend(arr.shape)
+        if place is not None and arr.dtype.kind in _NUMERIC and (region := place(arr)) is not None:
+            spec.byte_size = arr.nbytes
+            spec.shm.CopyFrom(region)
+            continue
         data = dtypes.to_bytes(arr)  # the array's own buffer (copied only if not contiguous), or BYTES'
         spec.byte_size = memoryview(data).nbytes
         frames.append(data)
     frames[0] = header.SerializeToString()
     return frames
+
+
+_NUMERIC = frozenset("biufc")  # numpy kinds whose bytes are the tensor's (BYTES' are not)
+
+
+def with_regions(
+    header: tensor_pb2.TensorHeader,
+    frames: Sequence[Any],
+    view: Callable[[tensor_pb2.SharedRegion, str], memoryview],
+    limits: Limits = DEFAULT_LIMITS,
+) -> list[Any]:
+    """The tensor frames of a message whose tensors may be in shared memory, one per tensor in the header's
+    order: a frame that came, or ``view(spec.shm, name)`` (the region's bytes; it raises ``MCPError`` for
+    a region it will not give). Each ``shm`` is cleared, so ``tensors_of`` then checks them as frames."""
+    if len(header.tensors) > limits.max_tensors:
+        raise ResourceExhausted(
+            f"{len(header.tensors)} tensors in one message, over the limit of {limits.max_tensors}"
+        )
+    shared = sum(spec.HasField("shm") for spec in header.tensors)
+    if len(header.tensors) - shared != len(frames):
+        raise InvalidArgument(
+            f"header lists {len(header.tensors) - shared} tensor frame(s) and {shared} tensor(s) in shared "
+            f"memory, but {len(frames)} frame(s) arrived"
+        )
+    out: list[Any] = []
+    at = 0
+    for spec in header.tensors:
+        if spec.HasField("shm"):
+            region = spec.shm
+            if region.size != spec.byte_size:
+                raise InvalidArgument(
+                    f"tensor {spec.name!r}: its shared-memory region holds {region.size} bytes but its "
+                    f"byte_size is {spec.byte_size}"
+                )
+            out.append(view(region, spec.name))
+            spec.ClearField("shm")
+        else:
+            out.append(frames[at])
+            at += 1
+    return out
 
 
 def _buffer(frame: Any) -> memoryview:
@@ -173,6 +235,11 @@ def tensors_of(
             f"{len(specs)} tensors in one message, over the limit of {limits.max_tensors}"
         )
     if len(frames) != len(specs):
+        if any(spec.HasField("shm") for spec in specs):
+            raise InvalidArgument(
+                "the message has tensors in a sender's shared memory, which only the sender's own host can "
+                "read (a worker over its local endpoint, or the sender reading its reply region)"
+            )
         raise InvalidArgument(
             f"header lists {len(specs)} tensor(s) but {len(frames)} tensor frame(s) arrived"
         )

@@ -289,7 +289,7 @@ class Snapshots:
             log.warning(
                 "worker %s: its offer of a same-host endpoint is not signed; using %s", worker, doc["zmq"]
             )
-            features -= {wire.FEATURE_LOCAL}
+            features -= wire.SAME_HOST_FEATURES
         self._ghosts.pop(worker, None)  # registered again: its records say what it holds
         capacity = doc.get("capacity", 1.0)
         valid = isinstance(capacity, int | float) and not isinstance(capacity, bool) and 0 < capacity <= 64

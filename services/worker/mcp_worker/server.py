@@ -106,6 +106,17 @@ class WorkerMetrics(RequestMetrics):
         self.coalesced_requests = self.counter(
             "mcp_worker_coalesced_requests_total", "Requests that arrived in coalesced messages."
         )
+        self.shared_memory_bytes = self.counter(
+            "mcp_worker_shared_memory_bytes_total",
+            "Tensor bytes same-host senders passed in their shared memory: inputs read there (in), outputs "
+            "written into their reply regions (out).",
+            ("direction",),
+        )
+        self.shared_memory_refused = self.counter(
+            "mcp_worker_shared_memory_refused_total",
+            "Requests whose shared memory could not be taken (answered not started; the sender resends "
+            "them with frames). The worker log says why.",
+        )
         self.admission_refused = self.counter(
             "mcp_worker_admission_refused_total",
             "Requests refused at the door: the worker was full (exceeds maximum queue size).",
@@ -194,6 +205,7 @@ class Worker:
             ),
             on_message=self._count_message,
             on_cancelled=self._cancelled,
+            on_shared=self._count_shared,
             heartbeat_s=config.zmq_heartbeat_s,
             heartbeat_timeout_s=config.zmq_heartbeat_timeout_s,
         )
@@ -364,6 +376,12 @@ class Worker:
             self._observe_error(h, err, started)
             raise
 
+    def _count_shared(self, direction: str, nbytes: int) -> None:
+        if direction == "refused":
+            self.metrics.shared_memory_refused.inc()
+        elif nbytes:
+            self.metrics.shared_memory_bytes.labels(direction).inc(nbytes)
+
     def _count_message(self, coalesced: int) -> None:
         """One request message: a single one (0), or one coalescing that many requests."""
         if not coalesced:
@@ -426,7 +444,9 @@ class Worker:
             "incarnation": self.incarnation,
             # it takes coalesced messages (tensor.proto); "local": senders on this host may use its
             # same-host endpoint, named from this record's fields (wire.local_endpoint)
-            "zmq_features": [wire.FEATURE_BATCH] + [wire.FEATURE_LOCAL] * bool(self.tensors.local_endpoint),
+            "zmq_features": [wire.FEATURE_BATCH]
+            + [wire.FEATURE_LOCAL] * bool(self.tensors.local_endpoint)
+            + [wire.FEATURE_SHM] * self.tensors.shared_memory,
             "capacity": cfg.capacity,
             "draining": self.draining,
         }

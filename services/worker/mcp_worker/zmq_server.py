@@ -36,6 +36,12 @@ Invariants:
 - A decoupled model answers with any number of replies: each one the handler hands to its ``partial``
   callback goes out at once with ``FLAG_PARTIAL``, in order, and the request's last reply (its outputs,
   often none, or its error) goes without it; the ticket is held until that last one is sent.
+- A same-host sender on the local endpoint may put tensors in its shared memory and lend a reply region
+  (``FLAG_SHARED_MEMORY``, ``mcpcore.shm``): they are mapped and checked on arrival, before admission,
+  and handed on as views, exactly as frames are; the last reply's outputs are written into the lent
+  region (those that fit; the rest go as frames). Memory that cannot be taken (a TCP peer, not the
+  sender's sealed memfd, another pid namespace) is refused not started with ``FLAG_SHARED_MEMORY``, so the
+  sender sends the request again with frames.
 - ZMTP heartbeats detect a peer that vanished or froze; with a CURVE secret key configured, only peers
   that know the server's public key can connect.
 - While a request is admitted and started (synchronously, no task of its own), its log fields are bound
@@ -62,8 +68,16 @@ import zmq
 
 from mcp_worker.admission import Admission, Ticket
 from mcpapi.v2 import tensor_pb2
-from mcpcore import logs, tracing, wire
-from mcpcore.errors import Internal, InvalidArgument, MCPError, ResourceExhausted, Unavailable, not_started
+from mcpcore import logs, shm, tracing, wire
+from mcpcore.errors import (
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    MCPError,
+    ResourceExhausted,
+    Unavailable,
+    not_started,
+)
 
 __all__ = ["Done", "Handler", "Starter", "TensorServer", "allow_curve_clients"]
 
@@ -99,6 +113,7 @@ class _Started:
     ticket: Ticket
     coalesced: bool  # it came in a coalesced message: its reply goes back in one
     withdraw: Callable[[], None] = lambda: None
+    area: shm.ReplyArea | None = None  # the sender's reply region, when it lent one
 
 
 ZAP_DOMAIN = "mcpmesh"  # the worker socket's ZAP domain; its allow-list is configured for it
@@ -134,6 +149,7 @@ class TensorServer:
         on_not_held: Callable[[], None] = lambda: None,
         on_message: Callable[[int], None] = lambda coalesced: None,
         on_cancelled: Callable[[tensor_pb2.TensorHeader], None] = lambda header: None,
+        on_shared: Callable[[str, int], None] = lambda direction, nbytes: None,
         heartbeat_s: float = 1.0,
         heartbeat_timeout_s: float = 3.0,
     ) -> None:
@@ -148,6 +164,13 @@ class TensorServer:
         self.admission = admission or Admission(max_requests=1024, max_bytes=256 << 20)
         self._holds, self._on_not_held, self._on_message = holds, on_not_held, on_message
         self._on_cancelled = on_cancelled  # a request its sender gave up on (its header), before its end
+        # shared-memory bytes taken ("in"), written ("out"), or a refusal ("refused", 0)
+        self._on_shared = on_shared
+        self._regions = (
+            shm.PeerRegions(max_region_bytes=4 * limits.max_message_bytes + (1 << 20))
+            if shm.AVAILABLE
+            else None
+        )
         self._heartbeat = (heartbeat_s, heartbeat_timeout_s)
         self._ctx = zmq.Context()
         self._sock: zmq.Socket[Any] | None = None
@@ -211,6 +234,11 @@ class TensorServer:
             return False
         self.local_endpoint = address
         return True
+
+    @property
+    def shared_memory(self) -> bool:
+        """Same-host senders may use their shared memory (the record says ``FEATURE_SHM``)."""
+        return bool(self.local_endpoint) and self._regions is not None
 
     def drain(self) -> None:
         """Answer every new request "not started, draining" from now on (a graceful stop)."""
@@ -322,18 +350,59 @@ class TensorServer:
         _, token = logs.bind(request_id=header.request_id, model=header.model, trace_id=trace_id)
         caller = tracing.attach(tracing.from_traceparent(traceparent)) if self._tracing else None
         try:
+            area = None
+            if header.flags & wire.FLAG_SHARED_MEMORY:
+                try:
+                    frames, area = self._shared(identity, header, frames)
+                except MCPError as err:
+                    self._on_shared("refused", 0)
+                    flags = wire.FLAG_SHARED_MEMORY if err.not_started else 0
+                    self._refuse(identity, header, err, flags, retryable=err.not_started, coalesced=coalesced)
+                    return
             if (ticket := self._admit(identity, header, coalesced=coalesced)) is not None:
-                self._begin(identity, header, frames, ticket, coalesced=coalesced)
+                self._begin(identity, header, frames, ticket, coalesced=coalesced, area=area)
         finally:
             if caller is not None:
                 tracing.detach(caller)
             logs.reset(token)
 
+    def _shared(
+        self, identity: Any, header: tensor_pb2.TensorHeader, frames: Sequence[Any]
+    ) -> tuple[list[Any], shm.ReplyArea | None]:
+        """The request's tensor frames with those in the sender's shared memory mapped in, and its reply
+        region; ``MCPError`` (not started: ``FailedPrecondition``) for memory that cannot be taken."""
+        regions = self._regions
+        if regions is None or not self.local_endpoint:
+            raise not_started(
+                FailedPrecondition("this worker takes no shared memory (no same-host endpoint); send frames")
+            )
+        peer = shm.peer_process(identity)
+        taken = 0
+
+        def view(region: tensor_pb2.SharedRegion, name: str) -> memoryview:
+            nonlocal taken
+            taken += region.size
+            return regions.view(peer, region, f"tensor {name!r}", writable=False)
+
+        frames = wire.with_regions(header, frames, view, self._limits)
+        area = None
+        if header.HasField("reply_region"):
+            lent = header.reply_region
+            area = shm.ReplyArea(regions.view(peer, lent, "the reply region", writable=True), lent)
+            header.ClearField("reply_region")
+        self._on_shared("in", taken)
+        return frames, area
+
     def _spawn(
-        self, identity: Any, header: tensor_pb2.TensorHeader, frames: Sequence[Any], ticket: Ticket
+        self,
+        identity: Any,
+        header: tensor_pb2.TensorHeader,
+        frames: Sequence[Any],
+        ticket: Ticket,
+        area: shm.ReplyArea | None,
     ) -> None:
         """Run one admitted request as its own task (the ``Handler``)."""
-        task = asyncio.create_task(self._answer(identity, header, frames, ticket))
+        task = asyncio.create_task(self._answer(identity, header, frames, ticket, area))
         key = (bytes(identity.bytes), header.request_id)
         self._tasks.add(task)
         self._idle.clear()
@@ -348,11 +417,12 @@ class TensorServer:
         ticket: Ticket,
         *,
         coalesced: bool,
+        area: shm.ReplyArea | None = None,
     ) -> None:
         """Start one admitted request without a task (the ``Starter``); a decoupled model's, or every one
         without a ``Starter``, runs as a task."""
         key = (bytes(identity.bytes), header.request_id)
-        started = _Started(identity, header, ticket, coalesced)
+        started = _Started(identity, header, ticket, coalesced, area=area)
         self._started[key] = started  # before it starts: an answer may come at any time after
         self._idle.clear()
         try:
@@ -376,7 +446,7 @@ class TensorServer:
             return
         if withdraw is None:  # nothing queued: it runs as a task
             self._forget(key, started)
-            self._spawn(identity, header, frames, ticket)
+            self._spawn(identity, header, frames, ticket, area)
         elif self._started.get(key) is started:
             started.withdraw = withdraw
 
@@ -398,7 +468,7 @@ class TensorServer:
         try:
             if isinstance(result, MCPError):
                 raise result
-            out = self._encode_reply(header, *result)
+            out = self._encode_reply(header, *result, area=started.area)
         except MCPError as err:
             out = [wire.error_reply(header, err, retryable=err.not_started and err.retryable)]
         except Exception:
@@ -534,14 +604,19 @@ class TensorServer:
         header: tensor_pb2.TensorHeader,
         frames: Sequence[Any],
         ticket: Ticket,
+        area: shm.ReplyArea | None,
     ) -> None:
         try:
-            await self._reply(identity, header, frames)
+            await self._reply(identity, header, frames, area)
         finally:
             self.admission.release(ticket)
 
     async def _reply(
-        self, identity: zmq.Frame, header: tensor_pb2.TensorHeader, frames: Sequence[Any]
+        self,
+        identity: zmq.Frame,
+        header: tensor_pb2.TensorHeader,
+        frames: Sequence[Any],
+        area: shm.ReplyArea | None,
     ) -> None:
         """Run the request (``frames``: its tensor frames, checked here against ``header``) and answer."""
 
@@ -569,7 +644,7 @@ class TensorServer:
             version, outputs = await self._handler(msg, partial)
             if broken:
                 raise broken[0]
-            out = self._encode_reply(header, version, outputs)
+            out = self._encode_reply(header, version, outputs, area=area)
         except MCPError as err:
             out = [wire.error_reply(header, err, retryable=err.not_started and err.retryable)]
         except asyncio.CancelledError:
@@ -592,9 +667,10 @@ class TensorServer:
         flags: int = 0,
         *,
         answer: int | None = None,
+        area: shm.ReplyArea | None = None,
     ) -> list[Any]:
         """The reply's frames; refuses (``ResourceExhausted``) what a receiver must drop: outputs over the
-        frame or message limits."""
+        frame or message limits. ``area``: the sender's reply region, where the outputs that fit go."""
         limits = self._limits
         if len(outputs) > limits.max_tensors:
             raise ResourceExhausted(
@@ -606,7 +682,9 @@ class TensorServer:
         )  # fmt: skip
         if answer is not None:
             reply.parameters[wire.PARAM_ANSWER] = str(answer)
-        frames = wire.encode(reply, outputs)
+        frames = wire.encode(reply, outputs, area.place if area is not None else None)
+        if area is not None:
+            self._on_shared("out", sum(spec.byte_size for spec in reply.tensors if spec.HasField("shm")))
         total = 0
         for spec in reply.tensors:
             name, size = spec.name, spec.byte_size

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16mcpapi/v2/tensor.proto\x12\tmcpapi.v2\"`\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\"\n\x05\x64type\x18\x02 \x01(\x0e\x32\x13.mcpapi.v2.DataType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x11\n\tbyte_size\x18\x04 \x01(\x04\"\x8a\x03\n\x0cTensorHeader\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.mcpapi.v2.MessageKind\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12&\n\x07tensors\x18\x05 \x03(\x0b\x32\x15.mcpapi.v2.TensorSpec\x12\x12\n\ntimeout_us\x18\x06 \x01(\x04\x12\x10\n\x08priority\x18\x07 \x01(\r\x12\r\n\x05\x66lags\x18\x08 \x01(\r\x12\x13\n\x0bstatus_code\x18\t \x01(\x05\x12\x16\n\x0estatus_message\x18\n \x01(\t\x12;\n\nparameters\x18\x0b \x03(\x0b\x32\'.mcpapi.v2.TensorHeader.ParametersEntry\x12&\n\x05\x62\x61tch\x18\x0c \x03(\x0b\x32\x17.mcpapi.v2.TensorHeader\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\xf9\x01\n\x08\x44\x61taType\x12\x10\n\x0cTYPE_INVALID\x10\x00\x12\r\n\tTYPE_BOOL\x10\x01\x12\x0e\n\nTYPE_UINT8\x10\x02\x12\x0f\n\x0bTYPE_UINT16\x10\x03\x12\x0f\n\x0bTYPE_UINT32\x10\x04\x12\x0f\n\x0bTYPE_UINT64\x10\x05\x12\r\n\tTYPE_INT8\x10\x06\x12\x0e\n\nTYPE_INT16\x10\x07\x12\x0e\n\nTYPE_INT32\x10\x08\x12\x0e\n\nTYPE_INT64\x10\t\x12\r\n\tTYPE_FP16\x10\n\x12\r\n\tTYPE_FP32\x10\x0b\x12\r\n\tTYPE_FP64\x10\x0c\x12\x0e\n\nTYPE_BYTES\x10\r\x12\r\n\tTYPE_BF16\x10\x0e*\xa0\x01\n\nHeaderFlag\x12\r\n\tFLAG_NONE\x10\x00\x12\x1f\n\x1b\x46LAG_SECONDARY_FEATURES_OFF\x10\x01\x12\x12\n\x0e\x46LAG_RETRYABLE\x10\x02\x12\x11\n\rFLAG_DRAINING\x10\x04\x12\x10\n\x0c\x46LAG_PARTIAL\x10\x08\x12\x18\n\x14\x46LAG_TAKES_COALESCED\x10\x10\x12\x0f\n\x0b\x46LAG_DIRECT\x10 *f\n\x0bMessageKind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x10\n\x0cKIND_REQUEST\x10\x01\x12\x0e\n\nKIND_REPLY\x10\x02\x12\x0f\n\x0bKIND_CANCEL\x10\x03\x12\x0e\n\nKIND_BATCH\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16mcpapi/v2/tensor.proto\x12\tmcpapi.v2\"8\n\x0cSharedRegion\x12\n\n\x02\x66\x64\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04size\x18\x03 \x01(\x04\"\x86\x01\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\"\n\x05\x64type\x18\x02 \x01(\x0e\x32\x13.mcpapi.v2.DataType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x11\n\tbyte_size\x18\x04 \x01(\x04\x12$\n\x03shm\x18\x05 \x01(\x0b\x32\x17.mcpapi.v2.SharedRegion\"\xb9\x03\n\x0cTensorHeader\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.mcpapi.v2.MessageKind\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12&\n\x07tensors\x18\x05 \x03(\x0b\x32\x15.mcpapi.v2.TensorSpec\x12\x12\n\ntimeout_us\x18\x06 \x01(\x04\x12\x10\n\x08priority\x18\x07 \x01(\r\x12\r\n\x05\x66lags\x18\x08 \x01(\r\x12\x13\n\x0bstatus_code\x18\t \x01(\x05\x12\x16\n\x0estatus_message\x18\n \x01(\t\x12;\n\nparameters\x18\x0b \x03(\x0b\x32\'.mcpapi.v2.TensorHeader.ParametersEntry\x12&\n\x05\x62\x61tch\x18\x0c \x03(\x0b\x32\x17.mcpapi.v2.TensorHeader\x12-\n\x0creply_region\x18\r \x01(\x0b\x32\x17.mcpapi.v2.SharedRegion\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\xf9\x01\n\x08\x44\x61taType\x12\x10\n\x0cTYPE_INVALID\x10\x00\x12\r\n\tTYPE_BOOL\x10\x01\x12\x0e\n\nTYPE_UINT8\x10\x02\x12\x0f\n\x0bTYPE_UINT16\x10\x03\x12\x0f\n\x0bTYPE_UINT32\x10\x04\x12\x0f\n\x0bTYPE_UINT64\x10\x05\x12\r\n\tTYPE_INT8\x10\x06\x12\x0e\n\nTYPE_INT16\x10\x07\x12\x0e\n\nTYPE_INT32\x10\x08\x12\x0e\n\nTYPE_INT64\x10\t\x12\r\n\tTYPE_FP16\x10\n\x12\r\n\tTYPE_FP32\x10\x0b\x12\r\n\tTYPE_FP64\x10\x0c\x12\x0e\n\nTYPE_BYTES\x10\r\x12\r\n\tTYPE_BF16\x10\x0e*\xb8\x01\n\nHeaderFlag\x12\r\n\tFLAG_NONE\x10\x00\x12\x1f\n\x1b\x46LAG_SECONDARY_FEATURES_OFF\x10\x01\x12\x12\n\x0e\x46LAG_RETRYABLE\x10\x02\x12\x11\n\rFLAG_DRAINING\x10\x04\x12\x10\n\x0c\x46LAG_PARTIAL\x10\x08\x12\x18\n\x14\x46LAG_TAKES_COALESCED\x10\x10\x12\x0f\n\x0b\x46LAG_DIRECT\x10 \x12\x16\n\x12\x46LAG_SHARED_MEMORY\x10@*f\n\x0bMessageKind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x10\n\x0cKIND_REQUEST\x10\x01\x12\x0e\n\nKIND_REPLY\x10\x02\x12\x0f\n\x0bKIND_CANCEL\x10\x03\x12\x0e\n\nKIND_BATCH\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,16 +33,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TENSORHEADER_PARAMETERSENTRY']._loaded_options = None
   _globals['_TENSORHEADER_PARAMETERSENTRY']._serialized_options = b'8\001'
-  _globals['_DATATYPE']._serialized_start=533
-  _globals['_DATATYPE']._serialized_end=782
-  _globals['_HEADERFLAG']._serialized_start=785
-  _globals['_HEADERFLAG']._serialized_end=945
-  _globals['_MESSAGEKIND']._serialized_start=947
-  _globals['_MESSAGEKIND']._serialized_end=1049
-  _globals['_TENSORSPEC']._serialized_start=37
-  _globals['_TENSORSPEC']._serialized_end=133
-  _globals['_TENSORHEADER']._serialized_start=136
-  _globals['_TENSORHEADER']._serialized_end=530
-  _globals['_TENSORHEADER_PARAMETERSENTRY']._serialized_start=481
-  _globals['_TENSORHEADER_PARAMETERSENTRY']._serialized_end=530
+  _globals['_DATATYPE']._serialized_start=677
+  _globals['_DATATYPE']._serialized_end=926
+  _globals['_HEADERFLAG']._serialized_start=929
+  _globals['_HEADERFLAG']._serialized_end=1113
+  _globals['_MESSAGEKIND']._serialized_start=1115
+  _globals['_MESSAGEKIND']._serialized_end=1217
+  _globals['_SHAREDREGION']._serialized_start=37
+  _globals['_SHAREDREGION']._serialized_end=93
+  _globals['_TENSORSPEC']._serialized_start=96
+  _globals['_TENSORSPEC']._serialized_end=230
+  _globals['_TENSORHEADER']._serialized_start=233
+  _globals['_TENSORHEADER']._serialized_end=674
+  _globals['_TENSORHEADER_PARAMETERSENTRY']._serialized_start=625
+  _globals['_TENSORHEADER_PARAMETERSENTRY']._serialized_end=674
 # @@protoc_insertion_point(module_scope)

@@ -34,6 +34,7 @@ class HeaderFlag(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FLAG_PARTIAL: _ClassVar[HeaderFlag]
     FLAG_TAKES_COALESCED: _ClassVar[HeaderFlag]
     FLAG_DIRECT: _ClassVar[HeaderFlag]
+    FLAG_SHARED_MEMORY: _ClassVar[HeaderFlag]
 
 class MessageKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -64,26 +65,39 @@ FLAG_DRAINING: HeaderFlag
 FLAG_PARTIAL: HeaderFlag
 FLAG_TAKES_COALESCED: HeaderFlag
 FLAG_DIRECT: HeaderFlag
+FLAG_SHARED_MEMORY: HeaderFlag
 KIND_UNSPECIFIED: MessageKind
 KIND_REQUEST: MessageKind
 KIND_REPLY: MessageKind
 KIND_CANCEL: MessageKind
 KIND_BATCH: MessageKind
 
+class SharedRegion(_message.Message):
+    __slots__ = ("fd", "offset", "size")
+    FD_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    fd: int
+    offset: int
+    size: int
+    def __init__(self, fd: _Optional[int] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
+
 class TensorSpec(_message.Message):
-    __slots__ = ("name", "dtype", "shape", "byte_size")
+    __slots__ = ("name", "dtype", "shape", "byte_size", "shm")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     BYTE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SHM_FIELD_NUMBER: _ClassVar[int]
     name: str
     dtype: DataType
     shape: _containers.RepeatedScalarFieldContainer[int]
     byte_size: int
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DataType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., byte_size: _Optional[int] = ...) -> None: ...
+    shm: SharedRegion
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DataType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., byte_size: _Optional[int] = ..., shm: _Optional[_Union[SharedRegion, _Mapping]] = ...) -> None: ...
 
 class TensorHeader(_message.Message):
-    __slots__ = ("kind", "request_id", "model", "version", "tensors", "timeout_us", "priority", "flags", "status_code", "status_message", "parameters", "batch")
+    __slots__ = ("kind", "request_id", "model", "version", "tensors", "timeout_us", "priority", "flags", "status_code", "status_message", "parameters", "batch", "reply_region")
     class ParametersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +117,7 @@ class TensorHeader(_message.Message):
     STATUS_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    REPLY_REGION_FIELD_NUMBER: _ClassVar[int]
     kind: MessageKind
     request_id: str
     model: str
@@ -115,4 +130,5 @@ class TensorHeader(_message.Message):
     status_message: str
     parameters: _containers.ScalarMap[str, str]
     batch: _containers.RepeatedCompositeFieldContainer[TensorHeader]
-    def __init__(self, kind: _Optional[_Union[MessageKind, str]] = ..., request_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., timeout_us: _Optional[int] = ..., priority: _Optional[int] = ..., flags: _Optional[int] = ..., status_code: _Optional[int] = ..., status_message: _Optional[str] = ..., parameters: _Optional[_Mapping[str, str]] = ..., batch: _Optional[_Iterable[_Union[TensorHeader, _Mapping]]] = ...) -> None: ...
+    reply_region: SharedRegion
+    def __init__(self, kind: _Optional[_Union[MessageKind, str]] = ..., request_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., timeout_us: _Optional[int] = ..., priority: _Optional[int] = ..., flags: _Optional[int] = ..., status_code: _Optional[int] = ..., status_message: _Optional[str] = ..., parameters: _Optional[_Mapping[str, str]] = ..., batch: _Optional[_Iterable[_Union[TensorHeader, _Mapping]]] = ..., reply_region: _Optional[_Union[SharedRegion, _Mapping]] = ...) -> None: ...

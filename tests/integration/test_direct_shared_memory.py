@@ -1,0 +1,276 @@
+"""Same-host shared memory on the SDK's direct path (``mcpcore.shm``), against a real worker, scheduler and
+router on a real etcd.
+
+Both sides of the boundary: the SDK lends its memfd regions and reads the outputs the worker wrote there
+(``stats.shared``); the worker maps them, counts the bytes (``mcp_worker_shared_memory_bytes_total``) and
+refuses, not started, every region that is not the sender's own sealed memfd, or that arrives over TCP,
+so the SDK sends frames instead; and it answers a hostile header with a clear error, then serves on.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import gc
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+from harness import etcd_get, metric, small_mesh
+
+from mcpapi.v2 import tensor_pb2
+from mcpclient import DeadlineExceeded, MeshClient
+from mcpclient import client as client_module
+from mcpcore import shm, wire
+from mcpcore.keys import Keyspace
+
+pytestmark = pytest.mark.skipif(not shm.AVAILABLE, reason="same-host shared memory is Linux-only")
+
+MODEL = "relu-wide"
+WIDE = 128 << 10  # floats per row: 512 KiB, over SHARED_MEMORY_MIN_BYTES
+FAILED_PRECONDITION, INVALID_ARGUMENT = 9, 3
+
+
+def _x(seed: int, rows: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((rows, WIDE), dtype=np.float32)
+
+
+def _relu(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0)
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A repository with one model whose tensors are wide enough for shared memory: ReLU."""
+    root = tmp_path_factory.mktemp("wide") / "models"
+    (root / MODEL / "1").mkdir(parents=True)
+    (root / MODEL / "1" / "model.yaml").write_text(
+        f"""backend: numpy
+max_batch_size: 4
+inputs:
+- {{name: INPUT, dtype: FP32, shape: [-1, {WIDE}]}}
+outputs:
+- {{name: OUTPUT, dtype: FP32, shape: [-1, {WIDE}]}}
+memory_bytes: {16 * WIDE * 4}
+layers:
+- {{op: relu}}
+"""
+    )
+    return root
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory: pytest.TempPathFactory, etcd_endpoint: str, repo: Path) -> Iterator:
+    with small_mesh(tmp_path_factory.mktemp("dshm"), etcd_endpoint, repo, MODEL, ["1"]) as m:
+        yield m
+
+
+def _client(mesh, **options: object) -> MeshClient:  # type: ignore[no-untyped-def]
+    return MeshClient(mesh.router.endpoints["grpc"], scheduler=mesh.scheduler.endpoints["grpc"], **options)
+
+
+def _shared_bytes(mesh, direction: str) -> float:  # type: ignore[no-untyped-def]
+    return metric(mesh.worker.metrics_text(), "mcp_worker_shared_memory_bytes_total", direction=direction)
+
+
+def _refused(mesh) -> float:  # type: ignore[no-untyped-def]
+    return metric(mesh.worker.metrics_text(), "mcp_worker_shared_memory_refused_total")
+
+
+def test_large_direct_requests_go_by_shared_memory_and_answer_as_the_router(mesh, etcd_endpoint: str) -> None:
+    record = etcd_get(etcd_endpoint, Keyspace(mesh.router.prefix).worker(mesh.worker.worker_id))
+    assert wire.FEATURE_SHM in record["zmq_features"]
+    x = _x(1)
+    before_in, before_out = _shared_bytes(mesh, "in"), _shared_bytes(mesh, "out")
+    with _client(mesh) as client:
+        direct = client.infer(MODEL, {"INPUT": x}, direct=True)
+        routed = client.infer(MODEL, {"INPUT": x})
+        assert (client.stats.direct, client.stats.shared, client.stats.fallbacks) == (1, 1, 0)
+        assert set(direct) == set(routed)
+        for name in routed:
+            assert np.array_equal(direct[name], routed[name]), name
+            assert not direct[name].flags.writeable  # a view of the region, as frames are read-only views
+        assert np.array_equal(direct["OUTPUT"], _relu(x))
+        out_bytes = sum(a.nbytes for a in direct.values())
+    assert _shared_bytes(mesh, "in") - before_in == x.nbytes  # the worker read the inputs in place
+    assert _shared_bytes(mesh, "out") - before_out == out_bytes  # and wrote every output into the region
+
+
+def test_outputs_stay_valid_while_held_and_a_free_region_is_reused(mesh) -> None:
+    x1, x2 = _x(2), _x(3)
+    with _client(mesh) as client:
+        first = client.infer(MODEL, {"INPUT": x1}, direct=True)["OUTPUT"]
+        kept = first.copy()
+        second = client.infer(MODEL, {"INPUT": x2}, direct=True)["OUTPUT"]
+        pool = client._client._regions
+        assert pool is not None and pool.created == 2  # the first region was still held by `first`
+        assert np.array_equal(first, kept)  # not overwritten by the second request
+        assert np.array_equal(second, _relu(x2))
+        del first, second
+        gc.collect()
+        third = client.infer(MODEL, {"INPUT": x1}, direct=True)["OUTPUT"]
+        assert np.array_equal(third, kept)
+        assert pool.created == 2 and client.stats.shared == 3  # a free region went round again
+
+
+def test_small_requests_and_a_client_that_turns_it_off_send_frames(mesh, monkeypatch) -> None:
+    before = _shared_bytes(mesh, "in")
+    x = _x(4)
+    with _client(mesh) as client, monkeypatch.context() as patch:
+        patch.setattr(client_module, "SHARED_MEMORY_MIN_BYTES", x.nbytes + 1)
+        client.infer(MODEL, {"INPUT": x}, direct=True)
+        assert (client.stats.direct, client.stats.shared) == (1, 0)
+    with _client(mesh, shared_memory=False) as client:
+        client.infer(MODEL, {"INPUT": _x(5)}, direct=True)
+        assert (client.stats.direct, client.stats.shared) == (1, 0)
+    assert _shared_bytes(mesh, "in") == before
+
+
+def test_a_region_the_worker_refuses_is_sent_again_as_frames(mesh, monkeypatch) -> None:
+    """A region the worker will not map (here: not sealed against shrinking) is refused not started; the
+    SDK sends the request again at once with frames, and that worker gets frames from then on."""
+    monkeypatch.setattr(fcntl, "F_SEAL_SHRINK", 0)  # this process's regions only: the worker is another
+    refused = _refused(mesh)
+    x = _x(6)
+    with _client(mesh) as client:
+        for _ in range(2):
+            out = client.infer(MODEL, {"INPUT": x}, direct=True)
+            assert np.array_equal(out["OUTPUT"], _relu(x))
+        assert (client.stats.direct, client.stats.shared, client.stats.fallbacks) == (2, 0, 0)
+    assert _refused(mesh) - refused == 1  # asked once, then frames
+
+
+# -- hostile senders: raw DEALERs with hand-made headers -------------------------------------------------
+
+
+def _local(mesh, etcd_endpoint: str) -> str:  # type: ignore[no-untyped-def]
+    doc = etcd_get(etcd_endpoint, Keyspace(mesh.router.prefix).worker(mesh.worker.worker_id))
+    return wire.local_endpoint(mesh.worker.worker_id, doc["incarnation"], doc["zmq"], doc["curve_public_key"])
+
+
+class _Sender:
+    def __init__(self, endpoint: str) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.RCVTIMEO, 15000)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+
+    def ask(self, header: tensor_pb2.TensorHeader, frames: list = ()) -> tensor_pb2.TensorHeader:  # type: ignore[assignment]
+        header.kind = tensor_pb2.KIND_REQUEST
+        header.request_id = uuid.uuid4().hex
+        header.model = MODEL
+        self.sock.send_multipart([header.SerializeToString(), *frames])
+        reply = wire.parse_header(self.sock.recv_multipart()[0])
+        assert reply.request_id == header.request_id
+        return reply
+
+    def close(self) -> None:
+        self.sock.close()
+        self.ctx.term()
+
+
+def _memfd(size: int, *, sealed: bool = True) -> int:
+    fd = os.memfd_create("hostile", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    if sealed:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    return fd
+
+
+def _request(fd: int, offset: int = 0, *, size: int | None = None) -> tensor_pb2.TensorHeader:
+    nbytes = WIDE * 4
+    header = tensor_pb2.TensorHeader(flags=wire.FLAG_SHARED_MEMORY)
+    spec = header.tensors.add(name="INPUT", dtype=tensor_pb2.TYPE_FP32, shape=[1, WIDE], byte_size=nbytes)
+    spec.shm.CopyFrom(tensor_pb2.SharedRegion(fd=fd, offset=offset, size=nbytes if size is None else size))
+    return header
+
+
+def test_hostile_regions_get_a_clear_error_and_the_worker_serves_on(
+    mesh, etcd_endpoint: str, tmp_path
+) -> None:
+    good, unsealed = _memfd(1 << 20), _memfd(1 << 20, sealed=False)
+    plain = os.open(tmp_path / "file", os.O_RDWR | os.O_CREAT)
+    os.ftruncate(plain, 1 << 20)
+    with socket.socket() as s:  # a descriptor that is a socket, not a file
+        sender = _Sender(_local(mesh, etcd_endpoint))
+        try:
+            cases = [
+                (_request(plain), FAILED_PRECONDITION, "not a memfd"),
+                (_request(unsealed), FAILED_PRECONDITION, "not sealed against shrinking"),
+                (_request(s.fileno()), FAILED_PRECONDITION, "not a memfd"),
+                (_request(10_000), FAILED_PRECONDITION, "cannot be read"),
+                (_request(good, offset=(1 << 20) - 64), INVALID_ARGUMENT, "outside the 1048576-byte region"),
+                (_request(good, size=12), INVALID_ARGUMENT, f"its byte_size is {WIDE * 4}"),
+            ]
+            for header, code, words in cases:
+                reply = sender.ask(header)
+                assert reply.status_code == code and words in reply.status_message, reply
+                retryable = reply.flags & wire.FLAG_RETRYABLE and reply.flags & wire.FLAG_SHARED_MEMORY
+                assert bool(retryable) == (code == FAILED_PRECONDITION), reply  # refused: frames may follow
+            header = _request(good)
+            header.reply_region.CopyFrom(tensor_pb2.SharedRegion(fd=good, offset=1 << 30, size=64))
+            reply = sender.ask(header)
+            assert reply.status_code == INVALID_ARGUMENT and "outside" in reply.status_message
+            # a good region: answered, the outputs written into the reply region it lent
+            x = _x(7)
+            os.pwrite(good, x.tobytes(), 0)
+            header = _request(good)
+            header.reply_region.CopyFrom(tensor_pb2.SharedRegion(fd=good, offset=x.nbytes, size=x.nbytes))
+            reply = sender.ask(header)
+            assert reply.status_code == 0, reply.status_message
+            [out] = reply.tensors
+            assert out.name == "OUTPUT" and out.shm.fd == good and out.shm.offset == x.nbytes
+            written = np.frombuffer(os.pread(good, out.shm.size, out.shm.offset), np.float32)
+            assert np.array_equal(written, _relu(x).ravel())
+        finally:
+            sender.close()
+            for fd in (good, unsealed, plain):
+                os.close(fd)
+
+
+def test_shared_memory_over_tcp_is_refused_not_started(mesh) -> None:
+    fd = _memfd(1 << 20)
+    sender = _Sender(mesh.worker.endpoints["zmq"])  # the published TCP endpoint: no peer credentials
+    try:
+        reply = sender.ask(_request(fd))
+        assert reply.status_code == FAILED_PRECONDITION and "local endpoint" in reply.status_message
+        assert reply.flags & wire.FLAG_RETRYABLE and reply.flags & wire.FLAG_SHARED_MEMORY
+    finally:
+        sender.close()
+        os.close(fd)
+
+
+def test_the_sdk_lends_regions_only_on_the_same_host_endpoint(
+    tmp_path, etcd_endpoint: str, repo: Path
+) -> None:
+    """A worker with ``--no-zmq-local`` offers no "shm" (its senders are on TCP), and the SDK sends frames."""
+    assert _x(8).nbytes >= client_module.SHARED_MEMORY_MIN_BYTES
+    with small_mesh(tmp_path, etcd_endpoint, repo, MODEL, ["1"], worker_flags={"zmq_local": False}) as m:
+        with _client(m) as client:
+            assert wire.FEATURE_SHM not in client.route(MODEL).zmq_features
+            client.infer(MODEL, {"INPUT": _x(8)}, direct=True)
+            assert (client.stats.direct, client.stats.shared) == (1, 0)
+        assert _shared_bytes(m, "in") == 0
+
+
+def test_an_abandoned_request_spoils_its_region(mesh) -> None:
+    """A request given up before its answer never gives its region back: the worker may still write."""
+    with _client(mesh) as client:
+        client.infer(MODEL, {"INPUT": _x(9)}, direct=True)
+        pool = client._client._regions
+        gc.collect()
+        assert pool is not None and pool.idle == 1  # its outputs are gone: the region is back
+        # the worker is frozen: the next request times out, abandoned
+        os.kill(mesh.worker.proc.pid, 19)  # SIGSTOP
+        try:
+            with pytest.raises(DeadlineExceeded):
+                client.infer(MODEL, {"INPUT": _x(10)}, direct=True, timeout=0.3)
+        finally:
+            os.kill(mesh.worker.proc.pid, 18)  # SIGCONT
+        gc.collect()
+        assert pool.idle == 0  # the spoiled region was closed, not put back
