@@ -479,6 +479,8 @@ class AsyncMeshClient:
             # it did not start: again at once with frames, and this worker gets frames from now on
             log.info("worker %s cannot take this client's shared memory (%s); sending frames",
                      route.worker_id, h.status_message)  # fmt: skip
+            if len(self._no_shared) > 4096:
+                self._no_shared.clear()
             self._no_shared[route.worker_id] = route.incarnation
             return await self._infer_direct(call)
         if h.flags & (wire.FLAG_RETRYABLE | wire.FLAG_DRAINING):  # not started there

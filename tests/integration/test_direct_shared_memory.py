@@ -9,9 +9,11 @@ so the SDK sends frames instead; and it answers a hostile header with a clear er
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import gc
 import os
+import signal
 import socket
 import uuid
 from collections.abc import Iterator
@@ -20,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
-from harness import etcd_get, metric, small_mesh
+from harness import etcd_get, metric, small_mesh, wait_for
 
 from mcpapi.v2 import tensor_pb2
-from mcpclient import DeadlineExceeded, MeshClient
+from mcpclient import AsyncMeshClient, DeadlineExceeded, MeshClient
 from mcpclient import client as client_module
 from mcpcore import shm, wire
 from mcpcore.keys import Keyspace
@@ -117,6 +119,31 @@ def test_outputs_stay_valid_while_held_and_a_free_region_is_reused(mesh) -> None
         assert pool.created == 2 and client.stats.shared == 3  # a free region went round again
 
 
+def test_many_at_once_leave_and_come_back_coalesced(mesh) -> None:
+    """Requests sent in one loop turn leave as one coalesced message, and the replies the worker's batches
+    make come back coalesced: a tensor in shared memory has no frame either way."""
+    xs = [_x(20 + i) for i in range(8)]
+    coalesced = metric(mesh.worker.metrics_text(), "mcp_worker_coalesced_requests_total")
+
+    async def run() -> tuple[list[dict[str, np.ndarray]], int]:
+        async with AsyncMeshClient(
+            mesh.router.endpoints["grpc"], scheduler=mesh.scheduler.endpoints["grpc"]
+        ) as client:
+            outs = []
+            for _ in range(3):  # together, then staggered (single requests, coalesced replies)
+                outs += await asyncio.gather(*(client.infer(MODEL, {"INPUT": x}, direct=True) for x in xs))
+            for x in xs:
+                await asyncio.sleep(0.001)
+                outs.append(await client.infer(MODEL, {"INPUT": x}, direct=True))
+            return outs, client.stats.shared
+
+    outs, shared = asyncio.run(run())
+    assert shared == len(outs) == 32
+    for i, out in enumerate(outs):
+        assert np.array_equal(out["OUTPUT"], _relu(xs[i % 8]))
+    assert metric(mesh.worker.metrics_text(), "mcp_worker_coalesced_requests_total") > coalesced
+
+
 def test_small_requests_and_a_client_that_turns_it_off_send_frames(mesh, monkeypatch) -> None:
     before = _shared_bytes(mesh, "in")
     x = _x(4)
@@ -174,11 +201,11 @@ class _Sender:
         self.ctx.term()
 
 
-def _memfd(size: int, *, sealed: bool = True) -> int:
+def _memfd(size: int, *, sealed: bool = True, seals: int = 0) -> int:
     fd = os.memfd_create("hostile", os.MFD_ALLOW_SEALING)
     os.ftruncate(fd, size)
     if sealed:
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | seals)
     return fd
 
 
@@ -194,6 +221,7 @@ def test_hostile_regions_get_a_clear_error_and_the_worker_serves_on(
     mesh, etcd_endpoint: str, tmp_path
 ) -> None:
     good, unsealed = _memfd(1 << 20), _memfd(1 << 20, sealed=False)
+    frozen = _memfd(1 << 20, seals=fcntl.F_SEAL_WRITE)  # cannot be mapped writable: refused, still answered
     plain = os.open(tmp_path / "file", os.O_RDWR | os.O_CREAT)
     os.ftruncate(plain, 1 << 20)
     with socket.socket() as s:  # a descriptor that is a socket, not a file
@@ -202,6 +230,7 @@ def test_hostile_regions_get_a_clear_error_and_the_worker_serves_on(
             cases = [
                 (_request(plain), FAILED_PRECONDITION, "not a memfd"),
                 (_request(unsealed), FAILED_PRECONDITION, "not sealed against shrinking"),
+                (_request(frozen), FAILED_PRECONDITION, "cannot be mapped"),
                 (_request(s.fileno()), FAILED_PRECONDITION, "not a memfd"),
                 (_request(10_000), FAILED_PRECONDITION, "cannot be read"),
                 (_request(good, offset=(1 << 20) - 64), INVALID_ARGUMENT, "outside the 1048576-byte region"),
@@ -229,7 +258,7 @@ def test_hostile_regions_get_a_clear_error_and_the_worker_serves_on(
             assert np.array_equal(written, _relu(x).ravel())
         finally:
             sender.close()
-            for fd in (good, unsealed, plain):
+            for fd in (good, unsealed, frozen, plain):
                 os.close(fd)
 
 
@@ -259,18 +288,21 @@ def test_the_sdk_lends_regions_only_on_the_same_host_endpoint(
 
 
 def test_an_abandoned_request_spoils_its_region(mesh) -> None:
-    """A request given up before its answer never gives its region back: the worker may still write."""
+    """A request given up before its answer never gives its region back, even once the late answer came:
+    the worker may have written into it after the client stopped waiting."""
     with _client(mesh) as client:
         client.infer(MODEL, {"INPUT": _x(9)}, direct=True)
         pool = client._client._regions
         gc.collect()
         assert pool is not None and pool.idle == 1  # its outputs are gone: the region is back
-        # the worker is frozen: the next request times out, abandoned
-        os.kill(mesh.worker.proc.pid, 19)  # SIGSTOP
+        os.kill(mesh.worker.proc.pid, signal.SIGSTOP)  # frozen: the next request times out, abandoned
         try:
             with pytest.raises(DeadlineExceeded):
                 client.infer(MODEL, {"INPUT": _x(10)}, direct=True, timeout=0.3)
         finally:
-            os.kill(mesh.worker.proc.pid, 18)  # SIGCONT
+            os.kill(mesh.worker.proc.pid, signal.SIGCONT)
+        wait_for(lambda: client.in_flight == 0, what="the late answer to the abandoned request")
         gc.collect()
-        assert pool.idle == 0  # the spoiled region was closed, not put back
+        assert pool.idle == 0 and pool.created == 1  # spoiled: closed, not back in the pool
+        client.infer(MODEL, {"INPUT": _x(11)}, direct=True)
+        assert pool.created == 2  # a fresh region for the next one

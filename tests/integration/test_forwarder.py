@@ -18,7 +18,7 @@ import zmq.asyncio
 
 from mcp_router.snapshot import WorkerEndpoint
 from mcpapi.v2 import tensor_pb2
-from mcpcore import wire
+from mcpcore import shm, wire
 from mcpcore.errors import DeadlineExceeded, Internal
 from mcpcore.forwarder import Forwarder, MayHaveStarted, NotSent, link_address
 
@@ -229,6 +229,34 @@ async def test_a_second_answer_to_a_request_that_expects_one_fails_it(setup):
     await peer.reply(identity, wire.parse_header(frames[0]), frames[1:])
     with pytest.raises(Internal, match="answered a request more than once"):
         await send
+
+
+@pytest.mark.skipif(not shm.AVAILABLE, reason="same-host shared memory is Linux-only")
+async def test_a_lent_region_is_spoiled_when_its_last_reply_can_no_longer_come(setup):
+    """A request that lent shared memory and failed early (here: answered twice) is still held by its
+    worker; when the link then fails, no last reply will say the worker is done with the region, so the
+    region is spoiled (never reused). One whose last reply came is not."""
+    fwd, peer, _, down = setup
+    pool = shm.RegionPool(max_region_bytes=1 << 24)
+    answered, failed = pool.lease([X]), pool.lease([X])
+    done = asyncio.create_task(fwd.send("w1", request(fwd), {"X": X}, timeout_s=30, shared=answered))
+    identity, seen, frames = await peer.request()
+    assert seen.flags & wire.FLAG_SHARED_MEMORY and seen.HasField("reply_region") and not frames
+    await peer.reply(identity, ok_reply(seen), [])
+    await done
+    send = asyncio.create_task(fwd.send("w1", request(fwd), {"X": X}, timeout_s=30, shared=failed))
+    identity, seen, _ = await peer.request()
+    twice = _partial(seen, 0)
+    await peer.reply(identity, wire.parse_header(twice[0]), twice[1:])
+    with pytest.raises(Internal, match="answered a request more than once"):
+        await send
+    assert fwd.in_flight("w1") == 1 and not failed.spoiled[0]  # the worker still holds it
+    peer.sock.close(0)
+    for _ in range(1000):  # its heartbeat notices within a second
+        if down:
+            break
+        await asyncio.sleep(0.01)
+    assert down and failed.spoiled[0] and not answered.spoiled[0]
 
 
 # -- coalescing: requests for one worker in one loop iteration leave as one message -------------------

@@ -8,6 +8,9 @@ import fcntl
 import gc
 import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -85,6 +88,23 @@ def test_frames_and_regions_must_add_up():
         wire.with_regions(many, [], lambda region, name: memoryview(bytes(4)))
 
 
+def test_coalesced_messages_count_no_frame_for_a_tensor_in_shared_memory():
+    pool = _pool()
+    messages = []
+    for i in range(3):
+        lease = pool.lease([np.ones(4, np.float32)])
+        header = _header()
+        header.request_id = f"r{i}"
+        big = lease.place if i != 1 else None  # the middle one sends frames
+        messages.append(wire.encode(header, {"A": np.full(4, i, np.float32), "B": np.arange(2)}, big))
+    [(count, message)] = wire.coalesce(messages)
+    assert count == 3 and len(message) == 1 + 1 + 2 + 1  # frames: B, A and B, B
+    envelope = wire.parse_header(message[0])
+    parts = wire.uncoalesce(envelope, message[1:])
+    assert [len(frames) for _, frames in parts] == [1, 2, 1]
+    assert [bytes(frames[-1]) for _, frames in parts] == [np.arange(2).tobytes()] * 3
+
+
 def test_a_receiver_that_lent_nothing_says_so_instead_of_miscounting():
     lease = _pool().lease([np.ones(4, np.float32)])
     header = _header()
@@ -149,6 +169,19 @@ def test_a_spoiled_region_is_closed_not_reused_and_idle_regions_are_bounded():
     assert pool.lease([np.ones(80 * MiB // 4, np.float32)]) is None  # over the region limit: frames
 
 
+def test_a_lease_finalized_inside_the_pool_does_not_deadlock_it():
+    """A garbage collection can run a lease's finalizer in the middle of ``lease`` (same thread, lock
+    held): it only queues the region, which the next lease takes."""
+    pool = _pool()
+    lease = pool.lease([np.ones(4, np.float32)])
+    cycle: list = [lease]
+    cycle.append(cycle)  # freed only by the cyclic collector
+    del lease, cycle
+    with pool._lock:  # as if inside lease(): the old code waited here for ever
+        gc.collect()
+    assert pool.idle == 1 and pool.lease([np.ones(4, np.float32)]) is not None and pool.created == 1
+
+
 def test_a_region_cannot_shrink_under_its_reader():
     lease = _pool().lease([np.ones(4, np.float32)])
     with pytest.raises(OSError):
@@ -190,10 +223,11 @@ def test_the_worker_maps_a_sealed_memfd_of_its_sender_and_checks_every_range():
         (lambda tmp: os.open(tmp / "f", os.O_RDWR | os.O_CREAT), "not a memfd"),
         (lambda tmp: os.pipe()[0], "not a memfd"),
         (lambda tmp: socket.socket().detach(), "not a memfd"),  # never even opened
+        (lambda tmp: _memfd(MiB, seals=fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_WRITE), "cannot be mapped"),
         (lambda tmp: _memfd(8 * MiB), "this worker maps 1 to 4194304"),
         (lambda tmp: _memfd(0), "this worker maps 1 to"),
     ],
-    ids=["unsealed", "regular file", "pipe", "socket", "too big", "empty"],
+    ids=["unsealed", "regular file", "pipe", "socket", "write-sealed", "too big", "empty"],
 )
 def test_anything_but_a_sealed_memfd_is_refused_not_started(tmp_path, make, words):
     regions = shm.PeerRegions(max_region_bytes=4 * MiB)
@@ -241,3 +275,57 @@ def test_a_reused_descriptor_number_is_a_new_file_and_old_mappings_go():
             os.close(other)
     finally:
         os.close(again)
+
+
+def _rss_shmem_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssShmem:"):
+            return int(line.split()[1])
+    raise AssertionError("no RssShmem in /proc/self/status")
+
+
+def test_a_sparse_region_costs_the_worker_only_the_pages_it_uses():
+    regions = shm.PeerRegions(max_region_bytes=256 * MiB)
+    fd = _memfd(200 * MiB)
+    try:
+        before = _rss_shmem_kib()
+        view = regions.view(ME, tensor_pb2.SharedRegion(fd=fd, offset=100 * MiB, size=4), "t", writable=False)
+        assert bytes(view) == bytes(4)
+        assert _rss_shmem_kib() - before < 8 * 1024  # not 200 MiB of pre-faulted pages
+    finally:
+        os.close(fd)
+
+
+def test_mappings_are_bounded_in_bytes_and_those_of_exited_senders_go():
+    regions = shm.PeerRegions(max_region_bytes=4 * MiB, max_bytes=2 * MiB)
+    fds = [_memfd(MiB) for _ in range(3)]
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        for fd in fds[:2]:
+            regions.view(ME, tensor_pb2.SharedRegion(fd=fd, offset=0, size=1), "t", writable=False)
+        assert len(regions) == 2
+        regions.view(ME, tensor_pb2.SharedRegion(fd=fds[2], offset=0, size=1), "t", writable=False)
+        assert len(regions) == 2  # 2 MiB at most: the least recently used went
+        theirs = int(child.stdout.readline())
+        regions.view((child.pid, os.getuid()), tensor_pb2.SharedRegion(fd=theirs, offset=0, size=1), "t",
+                     writable=False)  # fmt: skip
+        child.stdin.close()
+        child.wait(10)
+        regions.view(ME, tensor_pb2.SharedRegion(fd=fds[0], offset=0, size=1), "t", writable=False)
+        assert all(pid == os.getpid() for pid, *_ in regions._maps)  # the exited sender's mapping went
+    finally:
+        child.kill()
+        for fd in fds:
+            os.close(fd)
+
+
+_CHILD = """
+import fcntl, os, sys
+fd = os.memfd_create("child", os.MFD_ALLOW_SEALING)
+os.ftruncate(fd, 1 << 16)
+fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+print(fd, flush=True)
+sys.stdin.read()
+"""

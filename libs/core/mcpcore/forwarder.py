@@ -519,13 +519,13 @@ class Forwarder:
         unsent, link.outbox = link.outbox, {}
         for rid in list(link.pending):
             entry = self._finish(worker_id, link, rid)
+            if entry is not None and entry.shared is not None and rid not in unsent:
+                entry.shared.spoil()  # no last reply came: the worker may still write into it
             if entry is not None and entry.future is not None and not entry.future.done():
                 if rid in unsent:  # it never left: safe anywhere
                     error: Unavailable = NotSent(f"worker {worker_id} {why} before the request was sent")
                 else:
                     error = MayHaveStarted(f"worker {worker_id} {why} while the request was in flight")
-                    if entry.shared is not None:
-                        entry.shared.spoil()
                 entry.future.set_exception(error)
 
     def _look_again(self, link: _Link) -> None:

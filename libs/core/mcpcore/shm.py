@@ -16,8 +16,10 @@ sender on a Unix socket, whose pid and uid the kernel gives (ZeroMQ's ``Peer-Add
 ``localhost:<uid>:<gid>:<pid>`` for one; over TCP it is an IP address). It opens ``/proc/<pid>/fd/<fd>``
 (the kernel allows that only to the sender's own user or root), and takes the file only if it is a
 regular file owned by that uid, a memfd sealed against shrinking, and no bigger than ``max_region_bytes``;
-every range must lie inside it. Mappings are cached by the file's identity (checked on every use, so a
-reused descriptor number is a new file) and the least recently used go past ``max_maps``.
+every range must lie inside it. The descriptor's /proc link must name a memfd before anything else is
+asked of it (no file system that could block is touched). Mappings are lazy (a sparse region costs only
+the pages used) and cached by the file's identity (checked on every use, so a reused descriptor number is
+a new file); those of exited processes go, and the least recently used past ``max_maps`` or ``max_bytes``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import contextlib
 import fcntl
 import mmap
 import os
+import queue
 import stat
 import sys
 import threading
@@ -46,6 +49,7 @@ AVAILABLE = sys.platform.startswith("linux") and hasattr(os, "memfd_create")
 #: Each tensor starts at a multiple of this (a cache line; what any dtype's alignment needs).
 ALIGN = 64
 _MiB = 1 << 20
+_NUMERIC = frozenset("biufc")  # numpy kinds whose bytes are the tensor's (wire.encode places only these)
 
 
 def _aligned(n: int) -> int:
@@ -96,10 +100,12 @@ class _Mapped:
 class PeerRegions:
     """A worker's mappings of its same-host senders' regions (the module's docstring)."""
 
-    def __init__(self, *, max_region_bytes: int, max_maps: int = 64) -> None:
+    def __init__(self, *, max_region_bytes: int, max_maps: int = 64, max_bytes: int = 1 << 30) -> None:
         self.max_region_bytes = max_region_bytes
         self.max_maps = max_maps
+        self.max_bytes = max_bytes
         self._maps: collections.OrderedDict[tuple[int, int, int, int], _Mapped] = collections.OrderedDict()
+        self._bytes = 0
 
     def __len__(self) -> int:
         return len(self._maps)
@@ -117,6 +123,10 @@ class PeerRegions:
         pid, uid = peer
         path = f"/proc/{pid}/fd/{region.fd}"
         try:
+            # the link's text comes from /proc alone: no file system behind the descriptor is asked
+            # anything (one that never answers, FUSE, would block) unless it is a memfd
+            if not os.readlink(path).startswith("/memfd:"):
+                raise _refused(f"{what}: the sender's descriptor is not a memfd")
             st = os.stat(path)  # the file the descriptor names now (a reused number is another file)
         except OSError as exc:
             raise _refused(
@@ -126,9 +136,7 @@ class PeerRegions:
         mapped = self._maps.get(key)
         if mapped is None:
             mapped = self._open(path, uid, st, what)
-            self._maps[key] = mapped
-            while len(self._maps) > self.max_maps:
-                self._maps.popitem(last=False)  # unmapped once no request's view holds it
+            self._keep(key, mapped)
         else:
             self._maps.move_to_end(key)
         end = region.offset + region.size
@@ -139,6 +147,17 @@ class PeerRegions:
             )
         view = memoryview(mapped.map)[region.offset : end]
         return view if writable else view.toreadonly()
+
+    def _keep(self, key: tuple[int, int, int, int], mapped: _Mapped) -> None:
+        """Cache a new mapping; those of processes gone, then the least recently used past ``max_maps`` or
+        ``max_bytes``, go (each unmapped once no request's view holds it)."""
+        for old in [k for k in self._maps if not os.path.exists(f"/proc/{k[0]}")]:
+            del self._maps[old]
+        self._maps[key] = mapped
+        self._bytes = sum(m.size for m in self._maps.values())
+        while len(self._maps) > 1 and (len(self._maps) > self.max_maps or self._bytes > self.max_bytes):
+            _, gone = self._maps.popitem(last=False)
+            self._bytes -= gone.size
 
     def _open(self, path: str, uid: int, seen: os.stat_result, what: str) -> _Mapped:
         if not stat.S_ISREG(seen.st_mode):  # never opened: a device or a FIFO could act on an open
@@ -168,8 +187,10 @@ class PeerRegions:
                     f"{what}: the sender's region is {st.st_size} bytes; this worker maps 1 to "
                     f"{self.max_region_bytes}"
                 )
-            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            return _Mapped(mmap.mmap(fd, st.st_size, flags=flags), st.st_size)
+            try:  # pages come as they are touched: a sparse region costs only what is read or written
+                return _Mapped(mmap.mmap(fd, st.st_size, flags=mmap.MAP_SHARED), st.st_size)
+            except OSError as exc:  # sealed against writes, say
+                raise _refused(f"{what}: the sender's memfd cannot be mapped ({exc.strerror})") from None
         finally:
             os.close(fd)
 
@@ -280,17 +301,21 @@ class RegionPool:
         self.max_idle_bytes = max_idle_bytes
         self._idle: list[_Region] = []
         self._closed = False
-        self._lock = threading.Lock()  # a lease's finalizer runs in whichever thread drops it last
+        self._lock = threading.Lock()
+        # A lease's finalizer runs in whichever thread drops it last, and may run inside ``lease`` itself
+        # (a garbage collection there): it takes no lock, only hands the region back through this queue.
+        self._returned: queue.SimpleQueue[_Region] = queue.SimpleQueue()
         self.created = 0
 
     def lease(self, inputs: list[np.ndarray]) -> Lease | None:
         """A region for these inputs and about as many bytes of outputs, or None if they are too big."""
-        need_in = sum(_aligned(a.nbytes) for a in inputs)
+        need_in = sum(_aligned(a.nbytes) for a in inputs if a.dtype.kind in _NUMERIC)
         need = need_in + max(need_in, _MiB)
         if need_in > self.max_region_bytes:
             return None
         need = min(need, self.max_region_bytes)
         with self._lock:
+            self._take_returned()
             fits = [r for r in self._idle if r.size >= need]
             region = min(fits, key=lambda r: r.size) if fits else None
             if region is not None:
@@ -303,24 +328,32 @@ class RegionPool:
         return lease
 
     def _give_back(self, region: _Region, spoiled: list[bool]) -> None:
-        with self._lock:
-            if spoiled[0] or self._closed:
-                closing = [region]
-            else:
-                self._idle.append(region)
-                closing = []
-                while sum(r.size for r in self._idle) > self.max_idle_bytes:
-                    closing.append(self._idle.pop(0))
-        for old in closing:
-            old.close()
+        if spoiled[0] or self._closed:
+            region.close()  # no lock: a descriptor and a mapping of its own
+        else:
+            self._returned.put(region)
+
+    def _take_returned(self) -> None:
+        """Regions whose leases ended go idle; past ``max_idle_bytes`` the oldest close (lock held)."""
+        while True:
+            try:
+                self._idle.append(self._returned.get_nowait())
+            except queue.Empty:
+                break
+        while sum(r.size for r in self._idle) > self.max_idle_bytes:
+            self._idle.pop(0).close()
 
     @property
     def idle(self) -> int:
-        return len(self._idle)
+        """Regions ready for a lease."""
+        with self._lock:
+            self._take_returned()
+            return len(self._idle)
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
+            self._take_returned()
             closing, self._idle = self._idle, []
         for region in closing:
             region.close()

@@ -344,7 +344,7 @@ def uncoalesce(
     out: list[tuple[tensor_pb2.TensorHeader, Sequence[Any]]] = []
     at = 0
     for header in envelope.batch:
-        n = len(header.tensors)
+        n = sum(not spec.HasField("shm") for spec in header.tensors)  # those in shared memory: no frame
         out.append((header, frames[at : at + n]))
         at += n
     if at != len(frames):

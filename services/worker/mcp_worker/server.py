@@ -114,8 +114,8 @@ class WorkerMetrics(RequestMetrics):
         )
         self.shared_memory_refused = self.counter(
             "mcp_worker_shared_memory_refused_total",
-            "Requests whose shared memory could not be taken (answered not started; the sender resends "
-            "them with frames). The worker log says why.",
+            "Requests whose shared memory could not be taken (answered with an error; not started when "
+            "the sender may resend them with frames). The worker log says why.",
         )
         self.admission_refused = self.counter(
             "mcp_worker_admission_refused_total",

@@ -37,11 +37,12 @@ Invariants:
   callback goes out at once with ``FLAG_PARTIAL``, in order, and the request's last reply (its outputs,
   often none, or its error) goes without it; the ticket is held until that last one is sent.
 - A same-host sender on the local endpoint may put tensors in its shared memory and lend a reply region
-  (``FLAG_SHARED_MEMORY``, ``mcpcore.shm``): they are mapped and checked on arrival, before admission,
-  and handed on as views, exactly as frames are; the last reply's outputs are written into the lent
-  region (those that fit; the rest go as frames). Memory that cannot be taken (a TCP peer, not the
-  sender's sealed memfd, another pid namespace) is refused not started with ``FLAG_SHARED_MEMORY``, so the
-  sender sends the request again with frames.
+  (``FLAG_SHARED_MEMORY``, ``mcpcore.shm``): once admitted, they are mapped and checked, and handed on as
+  views, exactly as frames are; the last reply's outputs are written into the lent region (those that
+  fit; the rest go as frames). Memory that cannot be taken (a TCP peer, not the sender's sealed memfd,
+  another pid namespace, a mapping that fails) is refused not started with ``FLAG_SHARED_MEMORY``, so the
+  sender sends the request again with frames; a range outside its region is ``INVALID_ARGUMENT``. Each
+  refusal is logged and counted.
 - ZMTP heartbeats detect a peer that vanished or froze; with a CURVE secret key configured, only peers
   that know the server's public key can connect.
 - While a request is admitted and started (synchronously, no task of its own), its log fields are bound
@@ -350,21 +351,37 @@ class TensorServer:
         _, token = logs.bind(request_id=header.request_id, model=header.model, trace_id=trace_id)
         caller = tracing.attach(tracing.from_traceparent(traceparent)) if self._tracing else None
         try:
+            if (ticket := self._admit(identity, header, coalesced=coalesced)) is None:
+                return
             area = None
             if header.flags & wire.FLAG_SHARED_MEMORY:
                 try:
                     frames, area = self._shared(identity, header, frames)
-                except MCPError as err:
-                    self._on_shared("refused", 0)
-                    flags = wire.FLAG_SHARED_MEMORY if err.not_started else 0
-                    self._refuse(identity, header, err, flags, retryable=err.not_started, coalesced=coalesced)
+                except Exception as exc:
+                    self.admission.release(ticket)
+                    self._refuse_shared(identity, header, exc, coalesced=coalesced)
                     return
-            if (ticket := self._admit(identity, header, coalesced=coalesced)) is not None:
-                self._begin(identity, header, frames, ticket, coalesced=coalesced, area=area)
+            self._begin(identity, header, frames, ticket, coalesced=coalesced, area=area)
         finally:
             if caller is not None:
                 tracing.detach(caller)
             logs.reset(token)
+
+    def _refuse_shared(
+        self, identity: Any, header: tensor_pb2.TensorHeader, exc: Exception, *, coalesced: bool
+    ) -> None:
+        """Answer a request whose shared memory could not be taken: not started, with
+        ``FLAG_SHARED_MEMORY`` (the sender sends frames instead), unless its ranges were wrong."""
+        if not isinstance(exc, MCPError):
+            log.exception("request %s: the sender's shared memory could not be taken", header.request_id)
+            self._on_error("zmq_shared_memory")
+            exc = not_started(
+                Internal("the sender's shared memory could not be taken; the worker log says why")
+            )
+        self._on_shared("refused", 0)
+        log.warning("request %s: shared memory refused: %s", header.request_id, exc.message)
+        flags = wire.FLAG_SHARED_MEMORY if exc.not_started else 0
+        self._refuse(identity, header, exc, flags, retryable=exc.not_started, coalesced=coalesced)
 
     def _shared(
         self, identity: Any, header: tensor_pb2.TensorHeader, frames: Sequence[Any]
