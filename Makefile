@@ -61,7 +61,7 @@ test: setup native
 	$(VENV)/bin/pytest -q tests -m "not slow"
 
 # Performance figures (DESIGN.md sections 12-13): ratios against baselines measured in the same run.
-bench: setup
+bench: setup native
 	$(PY) bench/run.py
 
 # The demo model repository (deterministic; used by make up and the tests).
@@ -78,9 +78,11 @@ down:
 status: setup
 	$(PY) -m mcpclient.launcher status
 
-# The C memory pool (and, where nvcc exists, the CUDA kernels) with the system compiler; no downloads.
-native:
-	libs/native/build.sh lib
+# The C memory pool, the router's grpc++ front door (for the venv's Python; Debian's libgrpc++-dev is
+# installed when missing) and, where nvcc exists, the CUDA kernels, with the system compiler.
+native: $(STAMP)
+	@pkg-config --exists grpc++ 2>/dev/null && command -v c++ >/dev/null || tools/install-system-deps.sh grpc
+	PYTHON=$(PY) libs/native/build.sh lib
 	libs/native/cuda/build.sh
 
 # The GPU checks and benchmark (DESIGN.md section 9): needs a CUDA GPU; without one it says so and fails.

@@ -6,6 +6,8 @@
 #   docker-compose (package docker-compose) — with the argument "docker-compose": validates deploy/compose
 #   libb64    (package libb64-0d) — with the argument "libb64": Triton's perf_analyzer links it
 #   iptables  (package iptables) — with the argument "iptables": make multihost cuts hosts off with it
+#   grpc      (packages libgrpc++-dev, g++, pkg-config, python3-dev) — with the argument "grpc": make native
+#             builds the router's grpc++ front door (libs/native/src/frontdoor.cc) with them
 set -euo pipefail
 sudo=""
 if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
@@ -17,6 +19,13 @@ install() {
 if [ "${1:-etcd}" = docker-compose ]; then
     command -v docker-compose >/dev/null 2>&1 || install docker-compose
     command -v docker-compose >/dev/null
+    exit 0
+fi
+if [ "${1:-etcd}" = grpc ]; then
+    python_h="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h"
+    have() { pkg-config --exists grpc++ 2>/dev/null && command -v c++ >/dev/null 2>&1 && test -f "$python_h"; }
+    have || install libgrpc++-dev g++ pkg-config python3-dev
+    have
     exit 0
 fi
 if [ "${1:-etcd}" = iptables ]; then

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Build and test libs/native with the system C compiler (no downloads).
 #
-#   libs/native/build.sh lib    build build/libmcp_mempool.so (what `make native` runs); the default
+#   libs/native/build.sh lib    build build/libmcp_mempool.so and mcp_native/_frontdoor*.so, the router's
+#                               grpc++ front door, for $PYTHON (default python3) (what `make native` runs;
+#                               the default). The front door needs Debian's libgrpc++-dev and
+#                               python3-dev (tools/install-system-deps.sh grpc)
 #   libs/native/build.sh test   build the library, then the C tests twice and run them:
 #                                 1. with -fsanitize=address,undefined (any report fails the run)
 #                                 2. plain, under valgrind --leak-check=full (skipped, with a message,
@@ -15,6 +18,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 BUILD="$HERE/build"
 CC="${CC:-cc}"
+CXX="${CXX:-c++}"
 CFLAGS_COMMON=(-std=c11 -O2 -g -Wall -Wextra -Werror -pthread -I"$HERE/include")
 SRC="$HERE/src/mempool.c"
 TEST_SRC="$HERE/tests/test_mempool.c"
@@ -26,6 +30,22 @@ build_lib() {
     tmp="$(mktemp "$BUILD/.libmcp_mempool.so.XXXXXX")"
     "$CC" "${CFLAGS_COMMON[@]}" -fPIC -shared -o "$tmp" "$SRC"
     chmod 755 "$tmp" # mktemp made it 0600: a library others (a container's service user) load
+    mv -f "$tmp" "$out"
+    echo "built $out"
+}
+
+build_frontdoor() {
+    local python="${PYTHON:-python3}"
+    local suffix includes out tmp
+    suffix="$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
+    includes="$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+    out="$HERE/mcp_native/_frontdoor$suffix"
+    tmp="$(mktemp "$HERE/mcp_native/._frontdoor.XXXXXX")"
+    # shellcheck disable=SC2046  # pkg-config's flags are words
+    "$CXX" -std=c++17 -O2 -g -Wall -Wextra -Werror -Wno-missing-field-initializers -fPIC -shared \
+        -fvisibility=hidden -I"$includes" $(pkg-config --cflags grpc++) -o "$tmp" "$HERE/src/frontdoor.cc" \
+        $(pkg-config --libs grpc++)
+    chmod 755 "$tmp"
     mv -f "$tmp" "$out"
     echo "built $out"
 }
@@ -60,9 +80,12 @@ run_tests() {
 }
 
 case "${1:-lib}" in
-    lib) build_lib ;;
+    lib)
+        build_lib
+        build_frontdoor
+        ;;
     test) run_tests ;;
-    clean) rm -rf "$BUILD" ;;
+    clean) rm -rf "$BUILD" "$HERE"/mcp_native/_frontdoor*.so ;;
     *)
         echo "usage: $0 [lib|test|clean]" >&2
         exit 2

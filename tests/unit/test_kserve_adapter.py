@@ -133,9 +133,11 @@ def svc(dp: FakeDataPlane) -> KServeServicer:
 async def model_infer(
     svc: KServeServicer, request: pb.ModelInferRequest, context: Any
 ) -> pb.ModelInferResponse:
-    """ModelInfer as grpc runs it: the request through its deserializer, the reply bytes parsed back."""
+    """ModelInfer as grpc runs it: the request through its deserializer, the reply's parts joined as a
+    grpc.aio server joins them (its serializer), then parsed back."""
     received = kserve_wire.parse_request(request.SerializeToString())
-    return pb.ModelInferResponse.FromString(await svc.ModelInfer(received, context))
+    serialize = svc.grpc_codecs["ModelInfer"][1]
+    return pb.ModelInferResponse.FromString(serialize(await svc.ModelInfer(received, context)))
 
 
 def raw_request(*arrays: tuple[str, np.ndarray], **kwargs) -> pb.ModelInferRequest:  # type: ignore[no-untyped-def]

@@ -87,7 +87,7 @@ def test_a_response_serializes_with_its_raw_entries_in_order():
     response.outputs.add(name="B", datatype="BYTES", shape=[1])
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     big = np.random.default_rng(0).bytes(300_000)
-    data = kserve_wire.serialize_response(response, [a, b"", memoryview(big)])
+    data = b"".join(kserve_wire.serialize_response(response, [a, b"", memoryview(big)]))
     back = pb.ModelInferResponse.FromString(data)
     assert list(back.raw_output_contents) == [a.tobytes(), b"", big]
     assert back.id == "abc" and [o.name for o in back.outputs] == ["A", "B"]

@@ -22,13 +22,25 @@ from grpc_health.v1._async import HealthServicer
 from mcpcore.errors import GuardedServer
 from mcpcore.tls import Access, TLSConfig
 
-__all__ = ["DEFAULT_MAX_RECEIVE", "GrpcService", "advertised_host"]
+__all__ = ["DEFAULT_MAX_RECEIVE", "GrpcService", "Parts", "advertised_host", "join_parts"]
 
 #: A request larger than this is refused RESOURCE_EXHAUSTED before it is parsed (control APIs; the router
 #: and workers, which carry tensors, set their own: 64 MiB and 16 MiB).
 DEFAULT_MAX_RECEIVE = 4 << 20
 
 _WILDCARDS = frozenset({"", "0.0.0.0", "::", "[::]"})  # noqa: S104 (recognised, not bound)
+
+
+class Parts(tuple):  # type: ignore[type-arg]
+    """A reply already serialized, as byte strings and buffers to send one after another: the router's
+    native server (``mcp_native.grpc_server``) sends them as they are, large ones from their own memory;
+    a method whose reply is ``Parts`` names ``join_parts`` as its serializer, for a grpc.aio server."""
+
+    __slots__ = ()
+
+
+def join_parts(parts: Parts) -> bytes:
+    return b"".join(parts)
 
 
 def advertised_host(bound: str, advertise: str = "") -> str:
@@ -47,6 +59,7 @@ class GrpcService:
         options: Sequence[tuple[str, Any]] = (),
         maximum_concurrent_rpcs: int | None = None,
         tls: TLSConfig | None = None,
+        server_factory: Callable[..., Any] | None = None,
     ) -> None:
         self.services = tuple(services)
         options = list(options)
@@ -54,7 +67,7 @@ class GrpcService:
             options.append(("grpc.max_receive_message_length", DEFAULT_MAX_RECEIVE))  # stated, not implied
         self.tls = tls if tls is not None and tls.enabled else None
         self._access = Access(self.tls)
-        self.server = grpc.aio.server(
+        self.server = (server_factory or grpc.aio.server)(
             options=list(options),
             maximum_concurrent_rpcs=maximum_concurrent_rpcs,
         )
@@ -68,7 +81,10 @@ class GrpcService:
     async def start(self, host: str, port: int) -> int:
         """Bind (port 0 picks one) and start; returns the bound port. Not SERVING yet."""
         address = f"{host}:{port}"
-        if self.tls is None:
+        bind = getattr(self.server, "bind", None)  # a server that binds and starts at once (the router's)
+        if bind is not None:
+            bound = bind(address, self.tls)
+        elif self.tls is None:
             bound = self.server.add_insecure_port(address)
         else:
             bound = self.server.add_secure_port(address, self.tls.server_credentials())

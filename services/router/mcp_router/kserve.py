@@ -55,6 +55,7 @@ from mcpcore.errors import (
     NotFound,
     Unavailable,
 )
+from mcpcore.serving import Parts, join_parts
 
 __all__ = [
     "EXTENSIONS",
@@ -182,9 +183,9 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     #: ModelInfer's bytes are read and written by ``kserve_wire`` (no copies of the tensors); the other
     #: methods use the generated protobuf codecs.
-    grpc_codecs = {"ModelInfer": (kserve_wire.parse_request, None)}  # None: it returns bytes
+    grpc_codecs = {"ModelInfer": (kserve_wire.parse_request, join_parts)}
 
-    async def ModelInfer(self, request: kserve_wire.InferRequest, context: Any) -> bytes:
+    async def ModelInfer(self, request: kserve_wire.InferRequest, context: Any) -> Parts:
         caller = self._caller(context)
         response, raw = await self._infer(
             request.message, request.raw, _time_remaining(context), caller=caller
@@ -754,7 +755,7 @@ def _encode_response(
     shm: SharedMemory | None = None,
 ) -> tuple[pb.ModelInferResponse, list[Any]]:
     """The response without its raw output entries, and those entries (each output's own buffer, or b""
-    for one written to shared memory): ``kserve_wire.serialize_response`` copies them once, into the
+    for one written to shared memory): ``kserve_wire.serialize_response`` copies them at most once, into the
     bytes grpc sends; ``_whole`` puts them in the message (a stream's answers)."""
     response = pb.ModelInferResponse(model_name=result.model, model_version=result.version, id=request_id)
     raw: list[Any] = []

@@ -16,7 +16,9 @@ Invariants:
 - Requests under ``SPLIT_FROM_BYTES`` are parsed by protobuf whole: for them the copy costs less than the
   walk. Either way the result is an ``InferRequest`` with the entries in order.
 - ``serialize_response`` writes ``raw_output_contents`` (6) after the response's other fields; protobuf
-  reads fields in any order, and the entries keep theirs.
+  reads fields in any order, and the entries keep theirs. It returns the bytes as ``Parts``: the router's
+  native server sends an output of 64 KiB or more from the output's own buffer (no copy in the router);
+  a grpc.aio server joins them (``join_parts``, one copy).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from mcpapi.kserve import grpc_service_pb2 as pb
+from mcpcore.serving import Parts
 
 __all__ = ["MAX_FIELDS", "SPLIT_FROM_BYTES", "InferRequest", "parse_request", "serialize_response"]
 
@@ -58,14 +61,14 @@ def parse_request(data: bytes) -> InferRequest:
     return InferRequest.of(pb.ModelInferRequest.FromString(data))
 
 
-def serialize_response(response: pb.ModelInferResponse, raw: Sequence[Any]) -> bytes:
-    """``response`` (its own ``raw_output_contents`` empty) with ``raw`` as its raw entries, serialized;
-    each entry (bytes, a memoryview or a contiguous array) is copied once, into the result."""
+def serialize_response(response: pb.ModelInferResponse, raw: Sequence[Any]) -> Parts:
+    """``response`` (its own ``raw_output_contents`` empty) with ``raw`` as its raw entries (bytes, a
+    memoryview or a contiguous array each), serialized as parts: the entries are not copied."""
     parts: list[Any] = [response.SerializeToString()]
     for data in raw:
         view = memoryview(data).cast("B")
         parts += (_RAW_OUTPUT_TAG, _varint_bytes(view.nbytes), view)
-    return b"".join(parts)
+    return Parts(parts)
 
 
 def _split(view: memoryview) -> tuple[bytes, list[memoryview]] | None:

@@ -53,6 +53,14 @@ MESSAGE_LIMIT = 64 << 20
 SERVICES = ("mcpapi.v1.Inference", "mcpapi.v2.Inference", "inference.GRPCInferenceService")
 
 
+def _native_server() -> Any:
+    """The grpc++ server's class; imported only when asked for, so that ``grpc_server: aio`` never
+    loads grpc++ (a host where it does not load can still run a router)."""
+    from mcp_native.grpc_server import NativeServer  # noqa: PLC0415
+
+    return NativeServer
+
+
 class RouterServer:
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
@@ -115,6 +123,7 @@ class RouterServer:
         )
         self.grpc = GrpcService(
             SERVICES,
+            server_factory=_native_server() if config.grpc_server == "native" else None,
             maximum_concurrent_rpcs=config.max_concurrent_rpcs,
             tls=config.tls,
             options=[
