@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import socket
+import struct
 from pathlib import Path
 
 import grpc
@@ -21,7 +23,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from harness import RouterProcess, small_mesh, wait_for
 
-from mcp_native.grpc_server import MAX_WRITES_QUEUED, NativeServer
+from mcp_native.grpc_server import MAX_WRITES_QUEUED, STOP_MARGIN_S, NativeServer
 from mcpapi.kserve import grpc_service_pb2 as kserve_pb
 from mcpapi.kserve import grpc_service_pb2_grpc as kserve_grpc
 from mcpcore.serving import GrpcService, Parts
@@ -411,3 +413,147 @@ def test_a_router_answers_the_same_on_either_server(tmp_path, etcd_endpoint, rep
 def _maps(router: RouterProcess) -> str:
     assert router.proc is not None
     return Path(f"/proc/{router.proc.pid}/maps").read_text()
+
+
+# --- hostile callers and broken handlers: each call still ends, and the server goes on --------------
+
+
+def _h2_frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+
+
+def _h2_call(path: bytes, stream: int, headers: tuple[tuple[bytes, bytes], ...] = ()) -> bytes:
+    """One gRPC call in raw HTTP/2 (HPACK literals without indexing), request sent whole."""
+    fields = ((b":method", b"POST"), (b":scheme", b"http"), (b":path", path), (b":authority", b"x"),
+              (b"content-type", b"application/grpc"), (b"te", b"trailers"), *headers)  # fmt: skip
+    block = b"".join(b"\x00" + bytes([len(k)]) + k + bytes([len(v)]) + v for k, v in fields)
+    message = b"\x00" + struct.pack(">I", 2) + b"hi"
+    return _h2_frame(1, 4, stream, block) + _h2_frame(0, 1, stream, message)
+
+
+async def _until(condition, what: str, timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+async def test_bytes_that_are_not_utf_8_in_a_path_or_a_header_end_their_calls_and_no_other():
+    b = Behaviour()
+    service, port = await serve(b)
+    loop = asyncio.get_running_loop()
+    sock = await loop.run_in_executor(None, socket.create_connection, ("127.0.0.1", port))
+    try:
+        hostile = (
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+            + _h2_frame(4, 0, 0, b"")
+            + _h2_call(b"/t.Native/\xff\xfe", 1)  # a method that is not UTF-8
+            + _h2_call(b"/t.Unknown/Echo", 3, ((b"x-\xffkey", b"v"),))  # a key that is not UTF-8
+            + _h2_call(f"/{SERVICE}/Echo".encode(), 5, ((b"x-val", b"\xff\xfe"),))  # a value that is not
+        )
+        await loop.run_in_executor(None, sock.sendall, hostile)
+        # every one of them is answered while the connection stays open (none is left holding a place)
+        await _until(
+            lambda: service.server.stats()["active"] == 0 and dict(b.seen_metadata).get("x-val") is not None,
+            "the three calls to end",
+        )
+        assert dict(b.seen_metadata)["x-val"] == b"\xff\xfe"  # a value that is not UTF-8 comes as bytes
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            assert await method(ch, "Echo")(b"ok", timeout=10) == b"echo:ok"
+    finally:
+        sock.close()
+    await asyncio.wait_for(service.stop(0.2), 10)
+
+
+@pytest.mark.parametrize(
+    ("trailers", "reply", "code", "details"),
+    [
+        ((("X-Upper", "v"),), b"r", grpc.StatusCode.INTERNAL, 'Invalid trailing metadata: key "X-Upper"'),
+        (
+            (("x-k", "caf\u00e9"),),
+            b"r",
+            grpc.StatusCode.INTERNAL,
+            'the value of "x-k" is not printable ASCII',
+        ),
+        ((("x-k", "a\nb"),), b"r", grpc.StatusCode.INTERNAL, 'the value of "x-k" is not printable ASCII'),
+        ((), "a str, not bytes", grpc.StatusCode.INTERNAL, "the answer could not be sent (TypeError"),
+        ((["x-list", "fine"],), b"r", grpc.StatusCode.OK, ""),  # grpc.aio takes lists for pairs too
+    ],
+)
+async def test_a_handlers_bad_answer_ends_its_call_internal_and_the_server_goes_on(
+    trailers, reply, code, details
+):
+    async def bad(request: bytes, context):
+        context.set_trailing_metadata(trailers)
+        return reply
+
+    service = GrpcService([SERVICE], server_factory=NativeServer)
+    service.server.add_registered_method_handlers(SERVICE, {"Bad": grpc.unary_unary_rpc_method_handler(bad)})
+    port = await service.start("127.0.0.1", 0)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        call = ch.unary_unary(f"/{SERVICE}/Bad")(b"", timeout=10)
+        if code == grpc.StatusCode.OK:
+            assert await call == b"r"
+            assert dict(await call.trailing_metadata())["x-list"] == "fine"
+        else:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await call
+            assert info.value.code() == code and details in info.value.details()
+        # the call ended on the server too (its end is counted just after the client saw the status)
+        await _until(lambda: service.server.stats()["active"] == 0, "the call to end on the server")
+    await asyncio.wait_for(service.stop(0.2), 10)
+
+
+async def test_a_stop_ends_calls_whose_handlers_ignore_their_cancellation():
+    released = asyncio.Event()
+
+    async def stubborn(request: bytes, context) -> bytes:
+        while not released.is_set():
+            try:
+                await released.wait()
+            except asyncio.CancelledError:
+                continue  # ignores it, as a careless handler might
+        return b"late"
+
+    service = GrpcService([SERVICE], server_factory=NativeServer)
+    service.server.add_registered_method_handlers(
+        SERVICE, {"S": grpc.unary_unary_rpc_method_handler(stubborn)}
+    )
+    port = await service.start("127.0.0.1", 0)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        call = ch.unary_unary(f"/{SERVICE}/S")(b"", timeout=60)
+        await _until(lambda: service.server.stats()["active"] == 1, "the call to start")
+        began = asyncio.get_running_loop().time()
+        await asyncio.wait_for(service.stop(0.3), 0.3 + STOP_MARGIN_S + 5)
+        assert asyncio.get_running_loop().time() - began < 0.3 + STOP_MARGIN_S + 2
+        with pytest.raises(grpc.aio.AioRpcError):
+            await call
+    released.set()
+
+
+async def test_tls_without_a_certificate_is_refused_rather_than_served_in_the_clear(tmp_path):
+    certs = _certs(tmp_path)
+    service = GrpcService(
+        [SERVICE], server_factory=NativeServer, tls=TLSConfig(ca_file=str(certs / "ca.pem"))
+    )
+    with pytest.raises(ValueError, match="needs cert_file and key_file"):
+        await service.start("127.0.0.1", 0)
+
+
+async def test_a_stream_that_reuses_a_writable_buffer_sends_each_message_as_it_was():
+    chunk = bytearray(128 << 10)
+
+    async def chunks(request: bytes, context):
+        for letter in b"ABCDEF":
+            chunk[:] = bytes([letter]) * len(chunk)
+            yield chunk  # the same buffer, rewritten: each write must carry what it held then
+
+    service = GrpcService([SERVICE], server_factory=NativeServer)
+    service.server.add_registered_method_handlers(
+        SERVICE, {"C": grpc.unary_stream_rpc_method_handler(chunks)}
+    )
+    port = await service.start("127.0.0.1", 0)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        got = [m[:1] async for m in ch.unary_stream(f"/{SERVICE}/C")(b"", timeout=10)]
+    assert got == [b"A", b"B", b"C", b"D", b"E", b"F"]
+    await service.stop(0.1)

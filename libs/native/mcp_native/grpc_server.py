@@ -36,11 +36,14 @@ import grpc.aio
 
 from mcpcore.serving import Parts
 
-__all__ = ["MAX_WRITES_QUEUED", "NativeServer", "available"]
+__all__ = ["MAX_WRITES_QUEUED", "STOP_MARGIN_S", "NativeServer", "available"]
 
 log = logging.getLogger(__name__)
 
-MAX_WRITES_QUEUED = 8
+MAX_WRITES_QUEUED = 2  # a stream's replies queued in the transport (each up to max_send bytes)
+#: After a stop's grace, handlers have this long to end on their cancellation; calls still open then
+#: are finished CANCELLED whatever their handlers do.
+STOP_MARGIN_S = 1.0
 _START, _MESSAGE, _HALF_CLOSE, _CANCEL, _WRITTEN = range(5)
 _END = object()  # the end of a call's request messages
 
@@ -136,7 +139,7 @@ class Context:
         return self._details
 
     def set_trailing_metadata(self, metadata: Sequence[tuple[str, Any]]) -> None:
-        self.trailers = tuple(metadata)
+        self.trailers = tuple((key, value) for key, value in metadata)
 
     def cancelled(self) -> bool:
         return self._cancelled
@@ -151,7 +154,7 @@ class Context:
             raise ValueError("abort() needs a status other than OK")
         self._code, self._details = code, details
         if trailing_metadata:
-            self.trailers = tuple(trailing_metadata)
+            self.set_trailing_metadata(trailing_metadata)
         raise grpc.aio.AbortError()
 
     async def write(self, message: Any) -> None:
@@ -223,6 +226,8 @@ class NativeServer:
         ]
         pems: dict[str, Any] = {}
         if tls is not None:
+            if not (tls.cert_file and tls.key_file):
+                raise ValueError("tls: a server needs cert_file and key_file")
             pems = {
                 "cert_chain": _pem(tls.cert_file),
                 "private_key": _pem(tls.key_file),
@@ -250,13 +255,18 @@ class NativeServer:
         door = self._door
         if door is None:
             return
-        await asyncio.to_thread(door.shutdown, grace or 0.0)
+        grace = grace or 0.0
+        shutdown = asyncio.ensure_future(asyncio.to_thread(door.shutdown, grace))
+        await asyncio.wait({shutdown}, timeout=grace + STOP_MARGIN_S)
+        if not shutdown.done():  # a handler that does not end on its cancellation: its call ends anyway
+            for call in list(self._calls.values()):
+                if call._code == grpc.StatusCode.OK:
+                    call._code, call._details = grpc.StatusCode.CANCELLED, "the server stopped"
+                self._finish(call, None)
+            await shutdown
         if self._loop is not None:
             self._loop.remove_reader(door.fileno())
         self._events()  # the cancellations of the last calls
-        tasks = [c.task for c in self._calls.values() if c.task is not None]
-        if tasks:
-            await asyncio.wait(tasks, timeout=1.0)
         self._door = None
         self._stopped.set()
 
@@ -275,7 +285,12 @@ class NativeServer:
         for event in door.take():
             kind = event[0]
             if kind == _START:
-                self._begin(door, event)
+                try:
+                    self._begin(door, event)
+                except Exception:  # never: each call is answered, and the others in the batch go on
+                    log.exception("starting a call failed")
+                    if self._calls.pop(event[1], None) is None:
+                        door.finish(event[1], grpc.StatusCode.INTERNAL.value[0], "the call could not start")
                 continue
             call = calls.get(event[1])
             if call is None:
@@ -330,7 +345,9 @@ class NativeServer:
         reply = None
         try:
             request = await _single_request(call, handler, message)
-            response = await handler.unary_unary(request, call)
+            response = handler.unary_unary(request, call)
+            if inspect.isawaitable(response):
+                response = await response
             if call._code == grpc.StatusCode.OK:
                 if response is None:
                     call._code, call._details = grpc.StatusCode.UNKNOWN, "the method returned no response"
@@ -343,8 +360,7 @@ class NativeServer:
         except asyncio.CancelledError:
             call._code, call._details = grpc.StatusCode.CANCELLED, "Cancelled"
         except Exception as exc:
-            log.exception("%s failed", call.method)
-            call._code, call._details = grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}"
+            _failed(call, exc)
         self._finish(call, reply)
 
     async def _other(self, call: Context, handler: grpc.RpcMethodHandler, message: bytes | None) -> None:
@@ -361,8 +377,8 @@ class NativeServer:
                 behaviour = handler.stream_unary or handler.stream_stream
             result = behaviour(request, call)
             if handler.stream_unary is not None:
-                response = await result
-                if call._code == grpc.StatusCode.OK:
+                response = await result if inspect.isawaitable(result) else result
+                if call._code == grpc.StatusCode.OK and response is not None:
                     await write(response)
             elif inspect.isasyncgen(result):
                 async for response in result:
@@ -377,15 +393,28 @@ class NativeServer:
         except asyncio.CancelledError:
             call._code, call._details = grpc.StatusCode.CANCELLED, "Cancelled"
         except Exception as exc:
-            log.exception("%s failed", call.method)
-            call._code, call._details = grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}"
+            _failed(call, exc)
         self._finish(call, None)
 
     def _finish(self, call: Context, reply: Any) -> None:
         self._calls.pop(call.id, None)
         door = self._door
-        if door is not None:
-            door.finish(call.id, call._code.value[0], call._details or "", reply, call.trailers)
+        if door is None:
+            return
+        try:
+            code = call._code.value[0] if isinstance(call._code, grpc.StatusCode) else int(call._code)
+            door.finish(call.id, code, str(call._details or ""), reply, call.trailers)
+        except Exception as exc:  # a reply or trailers the transport cannot send: the call still ends
+            log.exception("%s: its answer could not be sent", call.method)
+            why = f"the answer could not be sent ({type(exc).__name__}: {exc})"
+            door.finish(call.id, grpc.StatusCode.INTERNAL.value[0], why)
+
+
+def _failed(call: Context, exc: Exception) -> None:
+    """A handler raised: UNKNOWN with the exception, unless it set a status first (as grpc.aio)."""
+    log.exception("%s failed", call.method)
+    if call._code == grpc.StatusCode.OK:
+        call._code, call._details = grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}"
 
 
 async def _single_request(call: Context, handler: grpc.RpcMethodHandler, message: bytes | None) -> Any:

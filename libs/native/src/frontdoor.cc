@@ -45,8 +45,9 @@ namespace {
 
 enum Kind : int { kStart = 0, kMessage = 1, kHalfClose = 2, kCancel = 3, kWritten = 4, kRelease = 5 };
 
-// A reply part this large is sent from the Python object's own memory (held until grpc lets go of it;
-// the release happens on the Python thread, through the event queue); a smaller one is copied.
+// A read-only reply part this large is sent from the Python object's own memory (held until grpc lets
+// go of it; the release happens on the Python thread, through the event queue); a smaller one, or one
+// its owner may still write to, is copied.
 constexpr Py_ssize_t kZeroCopyFrom = 64 << 10;
 
 class Door;
@@ -114,23 +115,19 @@ class Door final : public grpc::CallbackGenericService {
   }
 
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override {
+    class Refuse final : public grpc::ServerGenericBidiReactor {
+     public:
+      explicit Refuse(grpc::Status status) { Finish(status); }
+      void OnDone() override { delete this; }
+    };
+    if (stopping_.load()) {
+      return new Refuse(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is stopping"));
+    }
     long active = active_.fetch_add(1) + 1;
     if (max_calls_ > 0 && active > max_calls_) {
-      class Refuse final : public grpc::ServerGenericBidiReactor {
-       public:
-        explicit Refuse(Door* door) : door_(door) {
-          Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "Concurrent RPC limit exceeded!"));
-        }
-        void OnDone() override {
-          door_->active_.fetch_sub(1);
-          delete this;
-        }
-
-       private:
-        Door* door_;
-      };
+      active_.fetch_sub(1);  // a refusal holds no place: refusals in a burst do not refuse others
       refused_.fetch_add(1);
-      return new Refuse(this);
+      return new Refuse(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "Concurrent RPC limit exceeded!"));
     }
     uint64_t id = next_id_.fetch_add(1) + 1;
     auto* call = new Call(this, ctx, id, unary_.count(ctx->method()) > 0);
@@ -184,6 +181,11 @@ class Door final : public grpc::CallbackGenericService {
   }
 
   void Done() { active_.fetch_sub(1); }
+
+  // Python takes no more calls: new ones are refused, and a unary call whose request arrives now is
+  // finished here (AbandonAll ends the ones Python was handed but did not finish).
+  void SetStopping() { stopping_.store(true); }
+  bool stopping() const { return stopping_.load(); }
 
   // Ends every call Python still holds (CANCELLED): when Python will answer none of them any more.
   void AbandonAll() {
@@ -259,6 +261,7 @@ class Door final : public grpc::CallbackGenericService {
   int efd_ = -1;
   std::atomic<long> active_{0};
   std::atomic<long> refused_{0};
+  std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> next_id_{0};
   std::mutex mu_;
   std::vector<Event> events_;
@@ -280,7 +283,9 @@ void Call::Begin() {
 
 void Call::OnReadDone(bool ok) {
   if (unary_) {
-    if (ok) {
+    if (ok && door_->stopping()) {
+      if (door_->Remove(id_) != nullptr) Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is stopping"));
+    } else if (ok) {
       door_->Post(Event{kStart, id_, this, std::move(in_), true});
       // a cancellation that came before the request: Python ignored it (it did not know the call yet)
       if (cancelled_.load()) door_->Post(Event{kCancel, id_, nullptr, grpc::ByteBuffer(), false});
@@ -425,7 +430,7 @@ bool Buffer(Door* door, PyObject* data, grpc::ByteBuffer* out) {
   auto add = [&](PyObject* part) {
     Py_buffer view;
     if (PyObject_GetBuffer(part, &view, PyBUF_SIMPLE) != 0) return false;
-    if (view.len < kZeroCopyFrom) {
+    if (view.len < kZeroCopyFrom || !view.readonly) {  // a writable buffer may change before it is sent
       small.append(static_cast<const char*>(view.buf), static_cast<size_t>(view.len));
       PyBuffer_Release(&view);
       return true;
@@ -454,6 +459,24 @@ bool Buffer(Door* door, PyObject* data, grpc::ByteBuffer* out) {
   return true;
 }
 
+// "" when every (key, value) is one grpc accepts, else what is wrong with the first that is not.
+std::string BadMetadata(const std::vector<std::pair<std::string, std::string>>& pairs) {
+  for (const auto& [key, value] : pairs) {
+    if (key.empty() || key.rfind("grpc-", 0) == 0 || key[0] == ':') return "key \"" + key + "\" is reserved or empty";
+    for (unsigned char c : key) {
+      if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.')) {
+        return "key \"" + key + "\" has a character other than a-z 0-9 - _ .";
+      }
+    }
+    bool binary = key.size() > 4 && key.compare(key.size() - 4, 4, "-bin") == 0;
+    if (binary) continue;
+    for (unsigned char c : value) {
+      if (c < 0x20 || c > 0x7e) return "the value of \"" + key + "\" is not printable ASCII";
+    }
+  }
+  return "";
+}
+
 double Remaining(grpc::GenericCallbackServerContext* ctx) {
   auto deadline = ctx->deadline();
   if (deadline >= std::chrono::system_clock::time_point::max() - std::chrono::hours(24 * 365)) return -1.0;
@@ -467,6 +490,7 @@ void Door_dealloc(DoorObject* self) {
     self->door = nullptr;
     Py_BEGIN_ALLOW_THREADS;
     door->StopOps();  // runs what Python asked for first: no operation waits there for a call ended below
+    door->SetStopping();
     if (door->server) {
       door->AbandonAll();
       door->server->Shutdown(std::chrono::system_clock::now());
@@ -589,9 +613,20 @@ PyObject* Door_take(DoorObject* self, PyObject*) {
       double left = Remaining(ctx);
       PyObject* remaining = left < 0 ? (Py_INCREF(Py_None), Py_None) : PyFloat_FromDouble(left);
       const std::string peer = ctx->peer();
-      item = Py_BuildValue("(iKs#NNs#)", e.kind, static_cast<unsigned long long>(e.id),
-                           ctx->method().data(), static_cast<Py_ssize_t>(ctx->method().size()), message,
-                           remaining, peer.data(), static_cast<Py_ssize_t>(peer.size()));
+      // any bytes decode (a method that is not UTF-8 matches no handler: UNIMPLEMENTED)
+      PyObject* method = PyUnicode_DecodeUTF8(ctx->method().data(), static_cast<Py_ssize_t>(ctx->method().size()),
+                                              "surrogateescape");
+      PyObject* who = PyUnicode_DecodeUTF8(peer.data(), static_cast<Py_ssize_t>(peer.size()), "surrogateescape");
+      if (method == nullptr || who == nullptr) {
+        Py_XDECREF(method);
+        Py_XDECREF(who);
+        Py_DECREF(message);
+        Py_DECREF(remaining);
+        Py_DECREF(out);
+        return nullptr;
+      }
+      item = Py_BuildValue("(iKNNNN)", e.kind, static_cast<unsigned long long>(e.id), method, message, remaining,
+                           who);
     } else if (e.kind == kMessage) {
       PyObject* message = Bytes(e.message);
       if (message == nullptr) {
@@ -625,16 +660,18 @@ PyObject* Door_metadata(DoorObject* self, PyObject* arg) {
   Py_ssize_t i = 0;
   for (const auto& [key, value] : md) {
     bool binary = key.size() > 4 && std::memcmp(key.data() + key.size() - 4, "-bin", 4) == 0;
-    PyObject* item = Py_BuildValue(binary ? "(s#y#)" : "(s#s#)", key.data(), static_cast<Py_ssize_t>(key.size()),
-                                   value.data(), static_cast<Py_ssize_t>(value.size()));
+    PyObject* k = PyUnicode_DecodeUTF8(key.data(), static_cast<Py_ssize_t>(key.size()), "surrogateescape");
+    PyObject* v = binary ? nullptr : PyUnicode_DecodeUTF8(value.data(), static_cast<Py_ssize_t>(value.size()), "strict");
+    if (v == nullptr) {
+      PyErr_Clear();  // binary, or a value that is not UTF-8: as bytes
+      v = PyBytes_FromStringAndSize(value.data(), static_cast<Py_ssize_t>(value.size()));
+    }
+    PyObject* item = (k != nullptr && v != nullptr) ? PyTuple_Pack(2, k, v) : nullptr;
+    Py_XDECREF(k);
+    Py_XDECREF(v);
     if (item == nullptr) {
-      PyErr_Clear();  // a value that is not UTF-8: as bytes
-      item = Py_BuildValue("(s#y#)", key.data(), static_cast<Py_ssize_t>(key.size()), value.data(),
-                           static_cast<Py_ssize_t>(value.size()));
-      if (item == nullptr) {
-        Py_DECREF(out);
-        return nullptr;
-      }
+      Py_DECREF(out);
+      return nullptr;
     }
     PyTuple_SET_ITEM(out, i++, item);
   }
@@ -741,6 +778,14 @@ PyObject* Door_finish(DoorObject* self, PyObject* args) {
       pairs.emplace_back(std::string(k, kl), std::string(v, vl));
     }
     Py_DECREF(seq);
+  }
+  std::string bad = BadMetadata(pairs);
+  if (!bad.empty()) {  // grpc aborts the process on one; grpc.aio answers INTERNAL
+    std::string why = "Invalid trailing metadata: " + bad;
+    Call* call = door->Remove(id);
+    if (call == nullptr) Py_RETURN_FALSE;
+    door->Submit(Door::Op{call, true, grpc::ByteBuffer(), false, grpc::Status(grpc::StatusCode::INTERNAL, why), {}});
+    Py_RETURN_TRUE;
   }
   Call* call = door->Remove(id);
   if (call == nullptr) Py_RETURN_FALSE;
