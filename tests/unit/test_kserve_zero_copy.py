@@ -1,5 +1,6 @@
 """kserve_wire: ModelInfer requests parsed with their raw entries as views, responses written with
-their raw entries copied once; whatever protobuf would refuse is still refused, by protobuf."""
+their raw entries as read-only views (copied at most once, by a grpc.aio server); whatever protobuf
+would refuse is still refused, by protobuf."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from google.protobuf.message import DecodeError
 
 from mcp_router import kserve_wire
 from mcpapi.kserve import grpc_service_pb2 as pb
+from mcpcore import dtypes
 
 
 def request(*sizes: int) -> pb.ModelInferRequest:
@@ -91,3 +93,14 @@ def test_a_response_serializes_with_its_raw_entries_in_order():
     back = pb.ModelInferResponse.FromString(data)
     assert list(back.raw_output_contents) == [a.tobytes(), b"", big]
     assert back.id == "abc" and [o.name for o in back.outputs] == ["A", "B"]
+
+
+def test_a_responses_outputs_are_read_only_views_of_their_own_memory():
+    """The native server sends read-only parts from their own memory and copies writable ones: the
+    outputs must come out read-only (a worker's reply frames are writable buffers) and uncopied."""
+    response = pb.ModelInferResponse(model_name="m")
+    out = np.ones(1 << 18, dtype=np.float32)  # writable, as the arrays decoded from a worker's reply
+    parts = kserve_wire.serialize_response(response, [dtypes.to_bytes(out)])
+    views = [p for p in parts if isinstance(p, memoryview) and p.nbytes == out.nbytes]
+    assert len(views) == 1 and views[0].readonly
+    assert np.shares_memory(np.frombuffer(views[0], dtype=np.float32), out)

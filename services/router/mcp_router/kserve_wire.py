@@ -66,7 +66,9 @@ def serialize_response(response: pb.ModelInferResponse, raw: Sequence[Any]) -> P
     memoryview or a contiguous array each), serialized as parts: the entries are not copied."""
     parts: list[Any] = [response.SerializeToString()]
     for data in raw:
-        view = memoryview(data).cast("B")
+        # read-only: nothing writes an answered output again, and the native server sends only read-only
+        # buffers from their own memory (it copies the others)
+        view = memoryview(data).cast("B").toreadonly()
         parts += (_RAW_OUTPUT_TAG, _varint_bytes(view.nbytes), view)
     return Parts(parts)
 
