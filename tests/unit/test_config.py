@@ -383,3 +383,12 @@ def test_bad_flag_value_names_the_flag() -> None:
 def test_unknown_override_suggests_closest() -> None:
     with pytest.raises(InvalidArgument, match=r"--grpc-prot: unknown option \(did you mean 'grpc_port'\?\)"):
         load_config(DemoConfig, overrides={"grpc_prot": 1})
+
+
+def test_the_routers_grpc_server_is_one_it_knows() -> None:
+    assert load_config(RouterConfig, env={}, env_prefix="MCP_ROUTER_").grpc_server == "native"
+    chosen = load_config(RouterConfig, env={"MCP_ROUTER_GRPC_SERVER": "aio"}, env_prefix="MCP_ROUTER_")
+    assert chosen.grpc_server == "aio"
+    with pytest.raises(InvalidArgument) as exc:
+        load_config(RouterConfig, env={"MCP_ROUTER_GRPC_SERVER": "grpcio"}, env_prefix="MCP_ROUTER_")
+    assert message(exc) == "router config: grpc_server: must be one of native, aio, got 'grpcio'"
