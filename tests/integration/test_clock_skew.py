@@ -25,6 +25,8 @@ from harness import (
 )
 from meshload import CheckedLoad, router_channel
 
+from mcpapi.kserve import grpc_service_pb2 as kserve_pb
+from mcpapi.kserve import grpc_service_pb2_grpc as kserve_grpc
 from mcpapi.v2 import control_pb2, control_pb2_grpc, health_pb2, health_pb2_grpc, model_pb2
 from mcpcore.etcd_store import EtcdStore
 from mcpcore.keys import Keyspace
@@ -71,6 +73,10 @@ def test_workers_a_minute_ahead_and_behind_flap_nothing(tmp_path, etcd_endpoint,
         for w, skew in zip(workers, (60, -60), strict=True):  # the skew took: reports carry it
             beat = etcd_get(etcd_endpoint, keys.worker_load(w.worker_id))["last_beat"]
             assert abs(beat - time.time() - skew) < 5, (w.worker_id, beat - time.time())
+        # the router routes it too (its snapshot follows etcd a moment later): load before that is refused
+        ready = kserve_grpc.GRPCInferenceServiceStub(router.channel()).ModelReady
+        request = kserve_pb.ModelReadyRequest(name="demo-mlp", version="1")
+        wait_for(lambda: ready(request, timeout=5).ready, what="demo-mlp routed")
         revisions = {k: _mod_revision(etcd_endpoint, k) for k in record_keys}
         channel = router_channel([router.endpoints["grpc"]])
         with CheckedLoad(channel, "demo-mlp", repo, clients=2) as load:
