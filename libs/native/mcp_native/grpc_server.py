@@ -28,7 +28,7 @@ import contextlib
 import inspect
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -343,7 +343,7 @@ class NativeServer:
 
     async def _unary(self, call: Context, handler: grpc.RpcMethodHandler, message: bytes | None) -> None:
         reply = None
-        try:
+        with _outcome(call):
             request = await _single_request(call, handler, message)
             response = handler.unary_unary(request, call)
             if inspect.isawaitable(response):
@@ -355,19 +355,13 @@ class NativeServer:
                     reply = response  # sent part by part, large parts from their own memory
                 else:
                     reply = handler.response_serializer(response)
-        except grpc.aio.AbortError:
-            pass
-        except asyncio.CancelledError:
-            call._code, call._details = grpc.StatusCode.CANCELLED, "Cancelled"
-        except Exception as exc:
-            _failed(call, exc)
         self._finish(call, reply)
 
     async def _other(self, call: Context, handler: grpc.RpcMethodHandler, message: bytes | None) -> None:
         """Server, client and bidirectional streams."""
         call._serialize = handler.response_serializer
         write = call.write
-        try:
+        with _outcome(call):
             if handler.unary_stream is not None:
                 request = await _single_request(call, handler, message)
                 behaviour = handler.unary_stream
@@ -388,12 +382,6 @@ class NativeServer:
             else:
                 for response in result:
                     await write(response)
-        except grpc.aio.AbortError:
-            pass
-        except asyncio.CancelledError:
-            call._code, call._details = grpc.StatusCode.CANCELLED, "Cancelled"
-        except Exception as exc:
-            _failed(call, exc)
         self._finish(call, None)
 
     def _finish(self, call: Context, reply: Any) -> None:
@@ -410,11 +398,20 @@ class NativeServer:
             door.finish(call.id, grpc.StatusCode.INTERNAL.value[0], why)
 
 
-def _failed(call: Context, exc: Exception) -> None:
-    """A handler raised: UNKNOWN with the exception, unless it set a status first (as grpc.aio)."""
-    log.exception("%s failed", call.method)
-    if call._code == grpc.StatusCode.OK:
-        call._code, call._details = grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}"
+@contextlib.contextmanager
+def _outcome(call: Context) -> Iterator[None]:
+    """How a call's handler ended, as its status: an abort keeps the status it set; a cancellation is
+    CANCELLED; an exception is UNKNOWN with the exception, unless a status was set first (as grpc.aio)."""
+    try:
+        yield
+    except grpc.aio.AbortError:
+        pass
+    except asyncio.CancelledError:
+        call._code, call._details = grpc.StatusCode.CANCELLED, "Cancelled"
+    except Exception as exc:
+        log.exception("%s failed", call.method)
+        if call._code == grpc.StatusCode.OK:
+            call._code, call._details = grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}"
 
 
 async def _single_request(call: Context, handler: grpc.RpcMethodHandler, message: bytes | None) -> Any:

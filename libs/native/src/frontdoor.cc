@@ -647,12 +647,19 @@ PyObject* Door_take(DoorObject* self, PyObject*) {
   return out;
 }
 
+// The call with id `arg` (null when it is gone); false with a Python error set when the Door is closed or
+// `arg` is not an id.
+bool Lookup(DoorObject* self, PyObject* arg, Call** call) {
+  Door* door = Open(self);
+  if (door == nullptr) return false;
+  *call = door->Find(PyLong_AsUnsignedLongLong(arg));
+  return !PyErr_Occurred();
+}
+
 // metadata(id) -> tuple of (key, value) (value: bytes for a "-bin" key, else str); () for a gone call
 PyObject* Door_metadata(DoorObject* self, PyObject* arg) {
-  Door* door = Open(self);
-  if (door == nullptr) return nullptr;
-  Call* call = door->Find(PyLong_AsUnsignedLongLong(arg));
-  if (PyErr_Occurred()) return nullptr;
+  Call* call = nullptr;
+  if (!Lookup(self, arg, &call)) return nullptr;
   if (call == nullptr) return PyTuple_New(0);
   const auto& md = call->ctx()->client_metadata();
   PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(md.size()));
@@ -680,10 +687,8 @@ PyObject* Door_metadata(DoorObject* self, PyObject* arg) {
 
 // auth(id) -> {property name: [bytes, ...]} of the call's TLS session ({} without TLS or for a gone call)
 PyObject* Door_auth(DoorObject* self, PyObject* arg) {
-  Door* door = Open(self);
-  if (door == nullptr) return nullptr;
-  Call* call = door->Find(PyLong_AsUnsignedLongLong(arg));
-  if (PyErr_Occurred()) return nullptr;
+  Call* call = nullptr;
+  if (!Lookup(self, arg, &call)) return nullptr;
   PyObject* out = PyDict_New();
   if (out == nullptr || call == nullptr) return out;
   auto auth = call->ctx()->auth_context();
@@ -722,10 +727,8 @@ PyObject* Door_auth(DoorObject* self, PyObject* arg) {
 
 // read(id): ask for the call's next request message (a streaming call); a later (1, id, message) or (2, id)
 PyObject* Door_read(DoorObject* self, PyObject* arg) {
-  Door* door = Open(self);
-  if (door == nullptr) return nullptr;
-  Call* call = door->Find(PyLong_AsUnsignedLongLong(arg));
-  if (PyErr_Occurred()) return nullptr;
+  Call* call = nullptr;
+  if (!Lookup(self, arg, &call)) return nullptr;
   if (call != nullptr) call->Read();
   Py_RETURN_NONE;
 }
