@@ -142,7 +142,9 @@ class ControlService:
             raise  # the load goes on in the background (the message says so): the spec stays
         except Exception:
             if created:  # a failed load of a new model leaves nothing behind
-                await self._store.txn([Compare(key, revision)], [Delete(key)])
+                removed = await self._store.txn([Compare(key, revision)], [Delete(key)])
+                if removed.succeeded:
+                    await self._until_gone(spec.model)
             raise
         return self.status(spec.model)
 
@@ -292,6 +294,17 @@ class ControlService:
             for v in versions
         )
         return running and status.routing is not None
+
+    async def _until_gone(self, model: str, timeout_s: float = 2.0) -> None:
+        """Until this scheduler's view no longer has ``model`` (its watch took the delete), so that a
+        status read after the failed load's answer finds nothing; at most ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                self.status(model)
+            except NotFound:
+                return
+            await self._state.wait_change(min(left, 1.0))
 
     async def _wait(
         self,
