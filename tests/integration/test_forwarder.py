@@ -112,6 +112,36 @@ async def test_a_late_reply_is_dropped_counted_and_the_load_held_until_it_comes(
     assert (await sending).header.request_id == nxt.request_id
 
 
+async def test_each_request_fails_at_its_own_deadline_never_before_and_answered_ones_are_not_kept(setup):
+    fwd, peer, _, _ = setup
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    timeouts = (0.15, 0.05, 0.1)
+    sending = [asyncio.create_task(fwd.send("w1", request(fwd), {"X": X}, timeout_s=t)) for t in timeouts]
+    failed_at = {}
+    for t, task in zip(timeouts, sending, strict=True):
+        task.add_done_callback(lambda _, t=t: failed_at.setdefault(t, loop.time() - began))
+    for task in sending:
+        with pytest.raises(DeadlineExceeded, match=r"did not answer within \d+ ms"):
+            await task
+    assert sorted(failed_at, key=failed_at.get) == sorted(timeouts)  # in deadline order
+    assert all(failed_at[t] >= t for t in timeouts)  # never before its deadline
+    # answered requests leave nothing behind in the deadline slots
+    for _ in range(3):
+        await peer.request()  # the three given up on (their cancels follow)
+    answered = []
+    for _ in range(20):
+        task = asyncio.create_task(fwd.send("w1", request(fwd), {"X": X}, timeout_s=30))
+        while True:
+            identity, got, _ = await peer.request()
+            if got.kind == tensor_pb2.KIND_REQUEST:
+                break
+        await peer.reply(identity, ok_reply(got), [])
+        answered.append(await task)
+    assert len(answered) == 20
+    assert not any(fwd._due.values())
+
+
 async def test_a_reply_that_does_not_decode_fails_its_request_at_once(setup):
     fwd, peer, _, _ = setup
     sending = asyncio.create_task(fwd.send("w1", request(fwd), {"X": X}, timeout_s=30))

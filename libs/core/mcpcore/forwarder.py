@@ -23,7 +23,9 @@ Invariants:
 - A reply whose header parses but whose frames do not match it fails that request at once (INTERNAL,
   naming the worker); one whose header does not parse cannot be matched and is counted.
 - A request the router gives up on (deadline, client gone) is cancelled at the worker (``KIND_CANCEL``,
-  best effort), so queued work a client no longer waits for is not run.
+  best effort), so queued work a client no longer waits for is not run. Deadlines are kept in 2 ms slots
+  with one timer per slot in use, not one per request: a request fails ``DeadlineExceeded`` at most 2 ms
+  after its deadline, never before it.
 - Requests for one worker sent in one loop iteration leave together, as one coalesced message
   (``KIND_BATCH``) when its record lists the feature, at the start of the next iteration; each keeps its
   own id, reply, status and retry. One still waiting to leave when its link fails, or whose send is
@@ -58,6 +60,7 @@ import contextvars
 import ipaddress
 import itertools
 import logging
+import math
 import socket
 import time
 import uuid
@@ -82,6 +85,9 @@ _monitors = itertools.count(1)
 log = logging.getLogger(__name__)
 _SWEEP_S = 5.0
 _TAKE_PER_TURN = 8  # replies taken per readable callback before the loop runs the rest
+#: Deadlines are kept in slots this long, one timer per slot in use (not one per request): a request is
+#: given up on at the end of its deadline's slot, at most this much after its deadline, never before.
+_DEADLINE_SLOT_S = 0.002
 
 
 class LinkTarget(Protocol):
@@ -162,6 +168,9 @@ class _Pending:
     on_partial: Callable[[wire.Message], None] | None = None
     answers: int = 0  # partial replies taken (the next one must say this many)
     shared: shm.Lease | None = None  # the region this request lent the worker
+    rid: str = ""  # this router's id of it
+    timeout_s: float = 0.0  # what it was given
+    slot: int = 0  # the deadline slot it is due in (``Forwarder._due``)
 
 
 class RingLoad:
@@ -257,6 +266,7 @@ class Forwarder:
         self.nbytes = 0  # tensor bytes in flight, all workers
         self._sweeper: asyncio.Task[None] | None = None
         self._to_flush: list[_Link] = []  # links with an outbox to send at the next iteration
+        self._due: dict[int, dict[_Pending, _Link]] = {}  # deadline slot -> the requests due in it
 
     def new_id(self) -> str:
         """A correlation id unique to this router process."""
@@ -410,8 +420,9 @@ class Forwarder:
             self._send_now(link, frames)
         future: asyncio.Future[wire.Message] = loop.create_future()
         entry = _Pending(
-            future, (header.model, header.version), nbytes, time.monotonic(), on_partial, shared=shared
-        )
+            future, (header.model, header.version), nbytes, time.monotonic(), on_partial, shared=shared,
+            rid=rid, timeout_s=timeout_s,
+        )  # fmt: skip
         link.pending[rid] = entry
         ring = self._rings[entry.ring]
         ring.per_worker[worker_id] = ring.per_worker.get(worker_id, 0) + 1
@@ -425,17 +436,35 @@ class Forwarder:
                 self._to_flush.append(link)
                 if len(self._to_flush) == 1:  # in a fresh context: no request's log fields
                     loop.call_soon(self._flush, context=contextvars.Context())
+        self._due_at(loop, loop.time() + timeout_s, entry, link)
         try:
-            async with asyncio.timeout(timeout_s):
-                return await future
-        except TimeoutError:
-            self._abandon(link, header, entry)
-            raise DeadlineExceeded(
-                f"worker {worker_id} did not answer within {timeout_s * 1000:.0f} ms (request {rid})"
-            ) from None
+            return await future  # its reply, or its deadline (``_expire``) fails it
         except asyncio.CancelledError:  # the client went away: the worker may still be running it
-            self._abandon(link, header, entry)
+            if entry.future is not None:
+                self._abandon(link, entry)
             raise
+
+    def _due_at(self, loop: asyncio.AbstractEventLoop, deadline: float, entry: _Pending, link: _Link) -> None:
+        entry.slot = slot = math.ceil(deadline / _DEADLINE_SLOT_S)
+        due = self._due.get(slot)
+        if due is None:
+            due = self._due[slot] = {}
+            loop.call_at(slot * _DEADLINE_SLOT_S, self._expire, slot, context=contextvars.Context())
+        due[entry] = link
+
+    def _expire(self, slot: int) -> None:
+        """The requests whose deadline passed in ``slot`` and that are still waiting: given up on."""
+        for entry, link in self._due.pop(slot, {}).items():
+            future = entry.future
+            if future is None or future.done():
+                continue
+            self._abandon(link, entry)
+            future.set_exception(
+                DeadlineExceeded(
+                    f"worker {link.endpoint.id} did not answer within {entry.timeout_s * 1000:.0f} ms "
+                    f"(request {entry.rid})"
+                )
+            )
 
     def _send_now(self, link: _Link, frames: list[Any]) -> None:
         worker_id = link.endpoint.id
@@ -482,17 +511,18 @@ class Forwarder:
             if entry is not None and entry.future is not None and not entry.future.done():
                 entry.future.set_exception(NotSent(why))
 
-    def _abandon(self, link: _Link, header: tensor_pb2.TensorHeader, entry: _Pending) -> None:
+    def _abandon(self, link: _Link, entry: _Pending) -> None:
         """Given up by the router: the worker is told (KIND_CANCEL: it drops the request if still queued,
         stops a stream), and the request stays counted until the worker answers (or its link fails). It
         has left: the flush a send schedules runs before any cancel or timeout of the sender can."""
         entry.future = None
         entry.on_partial = None
         entry.since = time.monotonic()
+        self._not_due(entry)
         if entry.shared is not None:
             entry.shared.spoil()
         cancel = tensor_pb2.TensorHeader(
-            kind=tensor_pb2.KIND_CANCEL, request_id=header.request_id, model=header.model
+            kind=tensor_pb2.KIND_CANCEL, request_id=entry.rid, model=entry.ring[0]
         )
         with contextlib.suppress(zmq.ZMQError):  # best effort: the deadline drops it at the worker anyway
             link.sock.send_multipart([cancel.SerializeToString()], flags=zmq.NOBLOCK)
@@ -508,12 +538,18 @@ class Forwarder:
     def _finish(self, worker_id: str, link: _Link, rid: str) -> _Pending | None:
         entry = link.pending.pop(rid, None)
         if entry is not None:
+            self._not_due(entry)
             ring = self._rings[entry.ring]
             ring.per_worker[worker_id] -= 1
             ring.total -= 1
             self.loads[worker_id] -= 1
             self.nbytes -= entry.nbytes
         return entry
+
+    def _not_due(self, entry: _Pending) -> None:
+        due = self._due.get(entry.slot)
+        if due is not None:
+            due.pop(entry, None)
 
     def _fail_all(self, worker_id: str, link: _Link, why: str) -> None:
         unsent, link.outbox = link.outbox, {}
