@@ -36,6 +36,7 @@ __all__ = [
     "name_of",
     "numpy_dtype",
     "to_bytes",
+    "wire_of",
     "wire_value",
 ]
 
@@ -60,6 +61,7 @@ NAMES: frozenset[str] = frozenset(_NUMPY)
 _FROM_NUMPY: dict[np.dtype, str] = {d: n for n, d in _NUMPY.items()}
 _WIRE: dict[str, int] = {n: tensor_pb2.DataType.Value(f"TYPE_{n}") for n in _NUMPY}
 _BY_WIRE: dict[int, str] = {v: n for n, v in _WIRE.items()}
+_WIRE_OF_NUMPY: dict[np.dtype, int] = {d: _WIRE[n] for n, d in _NUMPY.items()}
 _LENGTH = struct.Struct("<I")
 
 
@@ -70,7 +72,8 @@ def _known(name: str) -> str:
 
 
 def numpy_dtype(name: str) -> np.dtype:
-    return _NUMPY[_known(name)]
+    dtype = _NUMPY.get(name)
+    return dtype if dtype is not None else _NUMPY[_known(name)]
 
 
 def from_numpy(dtype: np.dtype) -> str:
@@ -86,7 +89,14 @@ def from_numpy(dtype: np.dtype) -> str:
 
 
 def wire_value(name: str) -> int:
-    return _WIRE[_known(name)]
+    value = _WIRE.get(name)
+    return value if value is not None else _WIRE[_known(name)]
+
+
+def wire_of(dtype: np.dtype) -> int:
+    """``wire_value(from_numpy(dtype))``: one lookup for an array's own dtype."""
+    value = _WIRE_OF_NUMPY.get(dtype)
+    return value if value is not None else wire_value(from_numpy(dtype))
 
 
 def name_of(value: int) -> str:

@@ -137,21 +137,21 @@ def encode(
     ``socket.send_multipart(frames, copy=False)``. ``place``: puts a tensor's bytes in shared memory and
     says where (``TensorSpec.shm``; it gets no frame), or returns None (it goes as a frame).
     """
-    items = list(tensors.items()) if isinstance(tensors, Mapping) else list(tensors)
-    del header.tensors[:]
+    items = tensors.items() if isinstance(tensors, Mapping) else tensors
+    specs = header.tensors
+    if specs:
+        del specs[:]
     frames: list[Any] = [b""]
     for name, array in items:
-        arr = np.asarray(array)
-        spec = header.tensors.add()
-        spec.name = name
-        spec.dtype = dtypes.wire_value(dtypes.from_numpy(arr.dtype))
-        spec.shape.extend(arr.shape)
-        if place is not None and arr.dtype.kind in _NUMERIC and (region := place(arr)) is not None:
-            spec.byte_size = arr.nbytes
-            spec.shm.CopyFrom(region)
+        arr = array if type(array) is np.ndarray else np.asarray(array)
+        kind = arr.dtype.kind
+        wire_dtype = dtypes.wire_of(arr.dtype)
+        if place is not None and kind in _NUMERIC and (region := place(arr)) is not None:
+            specs.add(name=name, dtype=wire_dtype, shape=arr.shape, byte_size=arr.nbytes, shm=region)
             continue
         data = dtypes.to_bytes(arr)  # the array's own buffer (copied only if not contiguous), or BYTES'
-        spec.byte_size = memoryview(data).nbytes
+        size = memoryview(data).nbytes if kind in "OS" else arr.nbytes
+        specs.add(name=name, dtype=wire_dtype, shape=arr.shape, byte_size=size)
         frames.append(data)
     frames[0] = header.SerializeToString()
     return frames
@@ -255,30 +255,39 @@ def tensors_of(
 
 
 def _view(spec: tensor_pb2.TensorSpec, buf: memoryview, limits: Limits) -> np.ndarray:
-    if problem := tensor_name_problem(spec.name):
-        raise InvalidArgument(problem)
-    where = f"tensor {spec.name!r}"
-    if buf.nbytes > limits.max_tensor_bytes:
+    name = spec.name
+    if name not in _GOOD_NAMES:  # checked once per name (names from the network: a bounded memory)
+        if problem := tensor_name_problem(name):
+            raise InvalidArgument(problem)
+        if len(_GOOD_NAMES) < _GOOD_NAMES_MAX:
+            _GOOD_NAMES.add(name)
+    nbytes = buf.nbytes
+    if nbytes > limits.max_tensor_bytes:
         raise ResourceExhausted(
-            f"{where} is {buf.nbytes} bytes, over the {limits.max_tensor_bytes}-byte frame limit; "
+            f"tensor {name!r} is {nbytes} bytes, over the {limits.max_tensor_bytes}-byte frame limit; "
             "split the batch"
         )
-    name = dtypes.name_of(spec.dtype)
+    dtype = dtypes.name_of(spec.dtype)
     shape = tuple(spec.shape)
-    if any(d < 0 for d in shape):
-        raise InvalidArgument(f"{where}: shape {list(shape)} has a negative dimension")
-    if name == dtypes.BYTES:  # elements of any length: the frame must hold exactly prod(shape) of them
+    if shape and min(shape) < 0:
+        raise InvalidArgument(f"tensor {name!r}: shape {list(shape)} has a negative dimension")
+    if dtype == dtypes.BYTES:  # elements of any length: the frame must hold exactly prod(shape) of them
         expected = spec.byte_size
     else:
-        expected = math.prod(shape) * dtypes.numpy_dtype(name).itemsize
+        expected = math.prod(shape) * dtypes.numpy_dtype(dtype).itemsize
         if spec.byte_size != expected:
             raise InvalidArgument(
-                f"{where}: byte_size {spec.byte_size} does not match shape {list(shape)} of {name} "
-                f"({expected} bytes)"
+                f"tensor {name!r}: byte_size {spec.byte_size} does not match shape {list(shape)} of "
+                f"{dtype} ({expected} bytes)"
             )
-    if buf.nbytes != expected:
-        raise InvalidArgument(f"{where}: frame has {buf.nbytes} bytes but its header says {expected}")
-    return dtypes.from_bytes(name, buf, shape, where)
+    if nbytes != expected:
+        raise InvalidArgument(f"tensor {name!r}: frame has {nbytes} bytes but its header says {expected}")
+    return dtypes.from_bytes(dtype, buf, shape, f"tensor {name!r}")
+
+
+#: Tensor names seen valid (``_view``): most messages repeat a model's few names.
+_GOOD_NAMES: set[str] = set()
+_GOOD_NAMES_MAX = 4096
 
 
 # TensorHeader{kind: KIND_BATCH} as protobuf writes it: field 1 (varint) = 4; each sub-header is field 12

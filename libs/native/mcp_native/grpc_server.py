@@ -28,7 +28,7 @@ import contextlib
 import inspect
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -321,10 +321,11 @@ class NativeServer:
             door.finish(call_id, grpc.StatusCode.UNIMPLEMENTED.value[0], "Method not found!")
             return
         self._calls[call_id] = call
+        loop = self._loop or asyncio.get_running_loop()
         if handler.unary_unary is not None:
-            call.task = asyncio.ensure_future(self._unary(call, handler, message))
+            call.task = loop.create_task(self._unary(call, handler, message))
         else:
-            call.task = asyncio.ensure_future(self._other(call, handler, message))
+            call.task = loop.create_task(self._other(call, handler, message))
         call.task.add_done_callback(lambda _, call=call: self._ended(call))
 
     def _ended(self, call: Context) -> None:
@@ -343,8 +344,11 @@ class NativeServer:
 
     async def _unary(self, call: Context, handler: grpc.RpcMethodHandler, message: bytes | None) -> None:
         reply = None
-        with _outcome(call):
-            request = await _single_request(call, handler, message)
+        with _Outcome(call):
+            if message is None or handler.request_deserializer is None:
+                request = await _single_request(call, handler, message)
+            else:  # the request came with the call's start
+                request = handler.request_deserializer(message)
             response = handler.unary_unary(request, call)
             if inspect.isawaitable(response):
                 response = await response
@@ -361,7 +365,7 @@ class NativeServer:
         """Server, client and bidirectional streams."""
         call._serialize = handler.response_serializer
         write = call.write
-        with _outcome(call):
+        with _Outcome(call):
             if handler.unary_stream is not None:
                 request = await _single_request(call, handler, message)
                 behaviour = handler.unary_stream
@@ -398,20 +402,31 @@ class NativeServer:
             door.finish(call.id, grpc.StatusCode.INTERNAL.value[0], why)
 
 
-@contextlib.contextmanager
-def _outcome(call: Context) -> Iterator[None]:
+class _Outcome:
     """How a call's handler ended, as its status: an abort keeps the status it set; a cancellation is
     CANCELLED; an exception is UNKNOWN with the exception, unless a status was set first (as grpc.aio)."""
-    try:
-        yield
-    except grpc.aio.AbortError:
-        pass
-    except asyncio.CancelledError:
-        call._code, call._details = grpc.StatusCode.CANCELLED, "Cancelled"
-    except Exception as exc:
-        log.exception("%s failed", call.method)
+
+    __slots__ = ("call",)
+
+    def __init__(self, call: Context) -> None:
+        self.call = call
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+        call = self.call
+        if exc is None or isinstance(exc, grpc.aio.AbortError):
+            return exc is not None
+        if isinstance(exc, asyncio.CancelledError):
+            call._code, call._details = grpc.StatusCode.CANCELLED, "Cancelled"
+            return True
+        if not isinstance(exc, Exception):
+            return False  # KeyboardInterrupt, SystemExit: not the call's
+        log.error("%s failed", call.method, exc_info=exc)
         if call._code == grpc.StatusCode.OK:
             call._code, call._details = grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}"
+        return True
 
 
 async def _single_request(call: Context, handler: grpc.RpcMethodHandler, message: bytes | None) -> Any:
