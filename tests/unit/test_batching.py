@@ -445,10 +445,11 @@ async def test_metrics_are_observed_per_model(make):
 async def test_a_batchs_answers_are_spread_over_loop_iterations_and_a_stop_answers_the_rest():
     from mcp_worker import batching  # noqa: PLC0415  (the unit under test is private)
 
-    answers: dict[int, list[object]] = {i: [] for i in range(10)}
+    n = batching._ANSWER_CHUNK + 6  # more than one iteration's worth
+    answers: dict[int, list[object]] = {i: [] for i in range(n)}
     reqs = [batching._Pending(arrival=0.0, request_id=f"r{i}", inputs=None, on_done=answers[i].append,
-                              timeout_s=None) for i in range(10)]  # fmt: skip
-    outs = [{"y": np.full(1, i)} for i in range(10)]
+                              timeout_s=None) for i in range(n)]  # fmt: skip
+    outs = [{"y": np.full(1, i)} for i in range(n)]
     task = asyncio.create_task(batching._answer_spread(reqs, outs))
     await asyncio.sleep(0)  # the task's first step: one chunk answered, then it yields
     assert sum(bool(a) for a in answers.values()) == batching._ANSWER_CHUNK
@@ -456,7 +457,7 @@ async def test_a_batchs_answers_are_spread_over_loop_iterations_and_a_stop_answe
     with pytest.raises(asyncio.CancelledError):
         await task
     # each its own, exactly once, none lost
-    assert [[int(out["y"][0]) for out in answers[i]] for i in range(10)] == [[i] for i in range(10)]
+    assert [[int(out["y"][0]) for out in answers[i]] for i in range(n)] == [[i] for i in range(n)]
 
 
 async def test_enqueued_requests_are_answered_through_their_callbacks_once(make):
