@@ -25,7 +25,8 @@ Invariants:
 - A request the router gives up on (deadline, client gone) is cancelled at the worker (``KIND_CANCEL``,
   best effort), so queued work a client no longer waits for is not run. Deadlines are kept in 2 ms slots
   with one timer per slot in use, not one per request: a request fails ``DeadlineExceeded`` at most 2 ms
-  after its deadline, never before it.
+  before its deadline, never after it (so the router's answer is there before the worker's own deadline
+  answer or the client's deadline).
 - Requests for one worker sent in one loop iteration leave together, as one coalesced message
   (``KIND_BATCH``) when its record lists the feature, at the start of the next iteration; each keeps its
   own id, reply, status and retry. One still waiting to leave when its link fails, or whose send is
@@ -86,7 +87,7 @@ log = logging.getLogger(__name__)
 _SWEEP_S = 5.0
 _TAKE_PER_TURN = 8  # replies taken per readable callback before the loop runs the rest
 #: Deadlines are kept in slots this long, one timer per slot in use (not one per request): a request is
-#: given up on at the end of its deadline's slot, at most this much after its deadline, never before.
+#: given up on at the start of its deadline's slot, at most this much before its deadline, never after.
 _DEADLINE_SLOT_S = 0.002
 
 
@@ -445,7 +446,7 @@ class Forwarder:
             raise
 
     def _due_at(self, loop: asyncio.AbstractEventLoop, deadline: float, entry: _Pending, link: _Link) -> None:
-        entry.slot = slot = math.ceil(deadline / _DEADLINE_SLOT_S)
+        entry.slot = slot = math.floor(deadline / _DEADLINE_SLOT_S)
         due = self._due.get(slot)
         if due is None:
             due = self._due[slot] = {}

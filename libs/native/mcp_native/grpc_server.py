@@ -308,7 +308,8 @@ class NativeServer:
                 if call._requests is not None:
                     call._requests.put_nowait(_END)
                 if call.task is not None:
-                    call.task.cancel()
+                    call.task.cancel()  # a task cancelled before it ran never reaches its own finish:
+                    call.task.add_done_callback(lambda _, call=call: self._ended(call))  # it ends there
 
     def _begin(self, door: Any, event: tuple[Any, ...]) -> None:
         """(START, id, method, the request or None, seconds left or None, peer): a call began."""
@@ -326,10 +327,10 @@ class NativeServer:
             call.task = loop.create_task(self._unary(call, handler, message))
         else:
             call.task = loop.create_task(self._other(call, handler, message))
-        call.task.add_done_callback(lambda _, call=call: self._ended(call))
 
     def _ended(self, call: Context) -> None:
-        """A task cancelled before it ran never reached its own finish: the call ends here."""
+        """A cancelled call's task is done: if it never ran (so never reached its own finish), the call
+        ends here."""
         if call.id in self._calls:
             call._code, call._details = grpc.StatusCode.CANCELLED, "Cancelled"
             self._finish(call, None)
@@ -344,49 +345,53 @@ class NativeServer:
 
     async def _unary(self, call: Context, handler: grpc.RpcMethodHandler, message: bytes | None) -> None:
         reply = None
-        with _Outcome(call):
-            if message is None or handler.request_deserializer is None:
-                request = await _single_request(call, handler, message)
-            else:  # the request came with the call's start
-                request = handler.request_deserializer(message)
-            response = handler.unary_unary(request, call)
-            if inspect.isawaitable(response):
-                response = await response
-            if call._code == grpc.StatusCode.OK:
-                if response is None:
-                    call._code, call._details = grpc.StatusCode.UNKNOWN, "the method returned no response"
-                elif type(response) is Parts or handler.response_serializer is None:
-                    reply = response  # sent part by part, large parts from their own memory
-                else:
-                    reply = handler.response_serializer(response)
-        self._finish(call, reply)
+        try:
+            with _Outcome(call):
+                if message is None or handler.request_deserializer is None:
+                    request = await _single_request(call, handler, message)
+                else:  # the request came with the call's start
+                    request = handler.request_deserializer(message)
+                response = handler.unary_unary(request, call)
+                if inspect.isawaitable(response):
+                    response = await response
+                if call._code == grpc.StatusCode.OK:
+                    if response is None:
+                        call._code, call._details = grpc.StatusCode.UNKNOWN, "the method returned no response"
+                    elif type(response) is Parts or handler.response_serializer is None:
+                        reply = response  # sent part by part, large parts from their own memory
+                    else:
+                        reply = handler.response_serializer(response)
+        finally:  # whatever ended it (SystemExit included): the call is answered
+            self._finish(call, reply)
 
     async def _other(self, call: Context, handler: grpc.RpcMethodHandler, message: bytes | None) -> None:
         """Server, client and bidirectional streams."""
         call._serialize = handler.response_serializer
         write = call.write
-        with _Outcome(call):
-            if handler.unary_stream is not None:
-                request = await _single_request(call, handler, message)
-                behaviour = handler.unary_stream
-            else:
-                call._requests = asyncio.Queue()
-                request = _requests(call, handler)
-                behaviour = handler.stream_unary or handler.stream_stream
-            result = behaviour(request, call)
-            if handler.stream_unary is not None:
-                response = await result if inspect.isawaitable(result) else result
-                if call._code == grpc.StatusCode.OK and response is not None:
-                    await write(response)
-            elif inspect.isasyncgen(result):
-                async for response in result:
-                    await write(response)
-            elif inspect.isawaitable(result):
-                await result  # it writes with context.write
-            else:
-                for response in result:
-                    await write(response)
-        self._finish(call, None)
+        try:
+            with _Outcome(call):
+                if handler.unary_stream is not None:
+                    request = await _single_request(call, handler, message)
+                    behaviour = handler.unary_stream
+                else:
+                    call._requests = asyncio.Queue()
+                    request = _requests(call, handler)
+                    behaviour = handler.stream_unary or handler.stream_stream
+                result = behaviour(request, call)
+                if handler.stream_unary is not None:
+                    response = await result if inspect.isawaitable(result) else result
+                    if call._code == grpc.StatusCode.OK and response is not None:
+                        await write(response)
+                elif inspect.isasyncgen(result):
+                    async for response in result:
+                        await write(response)
+                elif inspect.isawaitable(result):
+                    await result  # it writes with context.write
+                else:
+                    for response in result:
+                        await write(response)
+        finally:  # whatever ended it (SystemExit included): the call is answered
+            self._finish(call, None)
 
     def _finish(self, call: Context, reply: Any) -> None:
         self._calls.pop(call.id, None)
@@ -421,8 +426,10 @@ class _Outcome:
         if isinstance(exc, asyncio.CancelledError):
             call._code, call._details = grpc.StatusCode.CANCELLED, "Cancelled"
             return True
-        if not isinstance(exc, Exception):
-            return False  # KeyboardInterrupt, SystemExit: not the call's
+        if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: the process's, not the call's
+            if call._code == grpc.StatusCode.OK:
+                call._code, call._details = grpc.StatusCode.UNAVAILABLE, "the server is stopping"
+            return False
         log.error("%s failed", call.method, exc_info=exc)
         if call._code == grpc.StatusCode.OK:
             call._code, call._details = grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}"
