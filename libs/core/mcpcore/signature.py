@@ -56,31 +56,39 @@ def check_inputs(
     """``inputs`` must be exactly ``specs``, each well typed and shaped. ``max_batch_size`` > 0: the first
     dimension is the batch, the same for every input and within 1..max_batch_size; 0: no batch dimension;
     None: not known here (the batch bound is left to the worker)."""
-    expected = [s.name for s in specs]
-    missing = [n for n in expected if n not in inputs]
-    extra = sorted(n for n in inputs if n not in expected)
-    if missing or extra:
+    if len(inputs) != len(specs) or any(s.name not in inputs for s in specs):
+        expected = [s.name for s in specs]
+        missing = [n for n in expected if n not in inputs]
+        extra = sorted(n for n in inputs if n not in expected)
         parts = [f"missing {missing}" if missing else "", f"unexpected {extra}" if extra else ""]
         raise InvalidArgument(f"{where}: expects inputs {expected}: {', '.join(p for p in parts if p)}")
     batch: tuple[str, int] | None = None
     for spec in specs:
         array = inputs[spec.name]
-        what = f"{where}: input {spec.name}"
         if not isinstance(array, np.ndarray):
-            raise InvalidArgument(f"{what}: expected a numpy array, got {type(array).__name__}")
+            raise InvalidArgument(
+                f"{where}: input {spec.name}: expected a numpy array, got {type(array).__name__}"
+            )
         if array.dtype != dtypes.numpy_dtype(spec.dtype):
-            raise InvalidArgument(f"{what}: expected dtype {spec.dtype}, got {_dtype_name(array.dtype)}")
-        if array.ndim != len(spec.shape) or any(
-            want not in (-1, got) for want, got in zip(spec.shape, array.shape, strict=True)
-        ):
-            raise InvalidArgument(f"{what}: expected shape {list(spec.shape)}, got {list(array.shape)}")
+            raise InvalidArgument(
+                f"{where}: input {spec.name}: expected dtype {spec.dtype}, got {_dtype_name(array.dtype)}"
+            )
+        shape, want = array.shape, spec.shape
+        if len(shape) != len(want) or not all(w in (-1, g) for w, g in zip(want, shape, strict=True)):
+            raise InvalidArgument(
+                f"{where}: input {spec.name}: expected shape {list(want)}, got {list(shape)}"
+            )
         if not max_batch_size:
             continue
-        rows = int(array.shape[0])
+        rows = int(shape[0])
         if not 1 <= rows <= max_batch_size:
-            raise InvalidArgument(f"{what}: batch size {rows} is outside 1..{max_batch_size}")
+            raise InvalidArgument(
+                f"{where}: input {spec.name}: batch size {rows} is outside 1..{max_batch_size}"
+            )
         if batch is not None and rows != batch[1]:
-            raise InvalidArgument(f"{what} has batch size {rows} but {batch[0]} has {batch[1]}")
+            raise InvalidArgument(
+                f"{where}: input {spec.name} has batch size {rows} but {batch[0]} has {batch[1]}"
+            )
         batch = batch or (spec.name, rows)
 
 
