@@ -512,31 +512,32 @@ def decode_inputs(
     if raw is None:
         raw = request.raw_input_contents
     # raw entries belong, in order, to the inputs that are not in shared memory (as tritonclient sends them)
-    carried = [t for t in request.inputs if "shared_memory_region" not in t.parameters]
-    if raw and len(raw) != len(carried):
+    tensors = request.inputs
+    shared = [bool(t.parameters) and "shared_memory_region" in t.parameters for t in tensors]
+    if raw and len(raw) != len(tensors) - sum(shared):
         raise InvalidArgument(
-            f"raw_input_contents has {len(raw)} entries but the request has {len(carried)} inputs not in "
-            "shared memory; send one entry per such input, in the order of inputs"
+            f"raw_input_contents has {len(raw)} entries but the request has {len(tensors) - sum(shared)} "
+            "inputs not in shared memory; send one entry per such input, in the order of inputs"
         )
     arrays: dict[str, np.ndarray] = {}
     next_raw = 0
-    for tensor in request.inputs:
+    for tensor, in_shm in zip(tensors, shared, strict=True):
         if tensor.name in arrays:
             raise InvalidArgument(f"input {tensor.name} appears twice; send each input once")
         entry = None
-        if raw and "shared_memory_region" not in tensor.parameters:
+        if raw and not in_shm:
             entry, next_raw = raw[next_raw], next_raw + 1
-        arrays[tensor.name] = _decode_tensor(tensor, entry, shm)
+        arrays[tensor.name] = _decode_tensor(tensor, entry, shm, in_shm)
     return arrays
 
 
 def _decode_tensor(
-    tensor: pb.ModelInferRequest.InferInputTensor, raw: Any, shm: SharedMemory | None
+    tensor: pb.ModelInferRequest.InferInputTensor, raw: Any, shm: SharedMemory | None, in_shm: bool
 ) -> np.ndarray:
     name = tensor.name
     shape = check_shape(f"input {name}", tuple(tensor.shape))
     dtype = _input_dtype(name, tensor.datatype)
-    if "shared_memory_region" in tensor.parameters:
+    if in_shm:
         if shm is None:
             raise InvalidArgument(f"input {name}: shared memory is not supported; send raw_input_contents")
         region, offset, size = shm_reference(
@@ -544,7 +545,7 @@ def _decode_tensor(
         )
         return shm.read(region, offset, size, datatype=tensor.datatype, shape=shape, what=f"input {name}")
     count = math.prod(shape)
-    typed = [descriptor.name for descriptor, _ in tensor.contents.ListFields()]
+    typed = [d.name for d, _ in tensor.contents.ListFields()] if tensor.HasField("contents") else []
     if raw is not None:
         if typed:
             raise InvalidArgument(
@@ -620,9 +621,11 @@ MAX_DIM = (1 << 31) - 1  # no dimension past this (numpy and the wire could not 
 
 def check_shape(what: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     """A tensor's shape from a client: non-negative dimensions numpy can hold."""
-    if any(d < 0 for d in shape):
+    if not shape:
+        return shape
+    if min(shape) < 0:
         raise InvalidArgument(f"{what}: shape {list(shape)} has a negative dimension")
-    if any(d > MAX_DIM for d in shape) or math.prod(shape) > MAX_DIM:
+    if max(shape) > MAX_DIM or math.prod(shape) > MAX_DIM:
         raise InvalidArgument(f"{what}: shape {list(shape)} is too large (at most {MAX_DIM} elements)")
     return shape
 
