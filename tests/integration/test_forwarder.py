@@ -139,7 +139,57 @@ async def test_each_request_fails_at_its_own_deadline_and_answered_ones_are_not_
         await peer.reply(identity, ok_reply(got), [])
         answered.append(await task)
     assert len(answered) == 20
-    assert not any(fwd._due.values())
+    assert fwd._due == {}  # no slot (and no timer) is kept for requests that ended
+
+
+async def test_a_client_that_goes_away_cancels_at_the_worker_and_leaves_no_deadline_behind(setup):
+    fwd, peer, _, _ = setup
+    header = request(fwd)
+    sending = asyncio.create_task(fwd.send("w1", header, {"X": X}, timeout_s=30))
+    identity, got, _ = await peer.request()
+    sending.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await sending
+    _, cancel, frames = await asyncio.wait_for(peer.request(), 5)
+    assert cancel.kind == tensor_pb2.KIND_CANCEL and cancel.request_id == header.request_id and not frames
+    assert fwd._due == {}
+    assert fwd.loads["w1"] == 1  # the worker still holds it until it answers
+    await peer.reply(identity, ok_reply(got), [])
+
+
+async def test_a_deadline_that_comes_before_the_links_flush_sends_nothing():
+    """A request whose deadline slot is already due when it is sent on a coalescing link fails there,
+    before its flush: it never leaves, so the worker gets neither it nor a cancel."""
+    ctx = zmq.asyncio.Context()
+    peer = Peer(ctx)
+    fwd = Forwarder(heartbeat_s=0.1, heartbeat_timeout_s=0.5)
+    fwd.sync({"w1": WorkerEndpoint("w1", peer.endpoint, zmq_features=BATCH)})
+    for _ in range(200):
+        if fwd.link_ok("w1"):
+            break
+        await asyncio.sleep(0.01)
+    header = request(fwd)
+    loop = asyncio.get_running_loop()
+    sending = asyncio.create_task(fwd.send("w1", header, {"X": X}, timeout_s=30))
+
+    def slot_comes_due() -> None:  # runs after the send's first step, before the flush it scheduled
+        entry = fwd._links["w1"].pending[header.request_id]
+        assert header.request_id in fwd._links["w1"].outbox
+        fwd._expire(entry.slot)
+
+    loop.call_soon(slot_comes_due)
+    with pytest.raises(DeadlineExceeded):
+        await sending
+    assert fwd.loads["w1"] == 0 and fwd._due == {}
+    nxt = request(fwd)
+    answer = asyncio.create_task(fwd.send("w1", nxt, {"X": X}, timeout_s=5))
+    identity, first, _ = await asyncio.wait_for(peer.request(), 5)
+    assert first.request_id == nxt.request_id  # the first thing the worker ever got
+    await peer.reply(identity, ok_reply(first), [])
+    await answer
+    await fwd.close()
+    peer.sock.close(0)
+    ctx.term()
 
 
 async def test_a_reply_that_does_not_decode_fails_its_request_at_once(setup):

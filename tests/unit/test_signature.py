@@ -51,3 +51,9 @@ def test_outputs_asked_for_must_be_declared():
     check_outputs("m/1", SPECS, ["a"])
     with pytest.raises(InvalidArgument, match=r"m/1 has no output\(s\) \['z'\]; it has \['a', 'input:0'\]"):
         check_outputs("m/1", SPECS, ["a", "z"])
+
+
+def test_a_signature_that_names_an_input_twice_still_refuses_an_input_it_does_not_name():
+    twice = [SPECS[0], SPECS[0]]  # a malformed record (the router reads them from etcd): same name twice
+    with pytest.raises(InvalidArgument, match=r"unexpected \['b'\]"):
+        check_inputs("m/1", twice, {"a": ok()["a"], "b": ok()["a"]}, 8)

@@ -155,3 +155,10 @@ def test_tensor_names_as_frameworks_write_them_travel(name):
     header = tensor_pb2.TensorHeader(kind=tensor_pb2.KIND_REQUEST, request_id="r", model="m")
     msg = wire.decode(wire.encode(header, {name: np.arange(3, dtype=np.float32)}))
     assert list(msg.named()) == [name]
+
+
+@pytest.mark.parametrize("name", [None, b"x", 3])
+def test_a_tensor_name_that_is_not_a_str_is_refused_at_encode(name):
+    header = tensor_pb2.TensorHeader(kind=tensor_pb2.KIND_REPLY)
+    with pytest.raises(TypeError, match="tensor name must be a str"):
+        wire.encode(header, [(name, np.zeros(2, np.float32))])

@@ -267,7 +267,9 @@ class Forwarder:
         self.nbytes = 0  # tensor bytes in flight, all workers
         self._sweeper: asyncio.Task[None] | None = None
         self._to_flush: list[_Link] = []  # links with an outbox to send at the next iteration
-        self._due: dict[int, dict[_Pending, _Link]] = {}  # deadline slot -> the requests due in it
+        # deadline slot -> its timer and the requests due in it; a slot goes (and its timer is cancelled)
+        # once its last request ends, so only slots with requests in flight are kept
+        self._due: dict[int, tuple[asyncio.TimerHandle, dict[_Pending, _Link]]] = {}
 
     def new_id(self) -> str:
         """A correlation id unique to this router process."""
@@ -446,20 +448,28 @@ class Forwarder:
             raise
 
     def _due_at(self, loop: asyncio.AbstractEventLoop, deadline: float, entry: _Pending, link: _Link) -> None:
+        if not math.isfinite(deadline):  # no deadline: it waits for its reply or its link
+            return
         entry.slot = slot = math.floor(deadline / _DEADLINE_SLOT_S)
-        due = self._due.get(slot)
-        if due is None:
-            due = self._due[slot] = {}
-            loop.call_at(slot * _DEADLINE_SLOT_S, self._expire, slot, context=contextvars.Context())
-        due[entry] = link
+        slotted = self._due.get(slot)
+        if slotted is None:
+            timer = loop.call_at(slot * _DEADLINE_SLOT_S, self._expire, slot, context=contextvars.Context())
+            slotted = self._due[slot] = (timer, {})
+        slotted[1][entry] = link
 
     def _expire(self, slot: int) -> None:
         """The requests whose deadline passed in ``slot`` and that are still waiting: given up on."""
-        for entry, link in self._due.pop(slot, {}).items():
+        slotted = self._due.pop(slot, None)
+        if slotted is None:
+            return
+        for entry, link in slotted[1].items():
             future = entry.future
             if future is None or future.done():
                 continue
-            self._abandon(link, entry)
+            try:
+                self._abandon(link, entry)
+            except Exception:  # never: the others of the slot are still given up on
+                log.exception("request %s could not be given up on cleanly", entry.rid)
             future.set_exception(
                 DeadlineExceeded(
                     f"worker {link.endpoint.id} did not answer within {entry.timeout_s * 1000:.0f} ms "
@@ -514,10 +524,14 @@ class Forwarder:
 
     def _abandon(self, link: _Link, entry: _Pending) -> None:
         """Given up by the router: the worker is told (KIND_CANCEL: it drops the request if still queued,
-        stops a stream), and the request stays counted until the worker answers (or its link fails). It
-        has left: the flush a send schedules runs before any cancel or timeout of the sender can."""
+        stops a stream), and the request stays counted until the worker answers (or its link fails). One
+        still waiting for its link's flush (a deadline slot that came due before it) never leaves: it is
+        taken out of the outbox and forgotten, with nothing to cancel."""
         entry.future = None
         entry.on_partial = None
+        if link.outbox.pop(entry.rid, None) is not None:  # still waiting for its flush: it never left
+            self._finish(link.endpoint.id, link, entry.rid)
+            return
         entry.since = time.monotonic()
         self._not_due(entry)
         if entry.shared is not None:
@@ -548,9 +562,13 @@ class Forwarder:
         return entry
 
     def _not_due(self, entry: _Pending) -> None:
-        due = self._due.get(entry.slot)
-        if due is not None:
+        slotted = self._due.get(entry.slot)
+        if slotted is not None:
+            due = slotted[1]
             due.pop(entry, None)
+            if not due:  # its last request ended: no timer for nobody
+                slotted[0].cancel()
+                del self._due[entry.slot]
 
     def _fail_all(self, worker_id: str, link: _Link, why: str) -> None:
         unsent, link.outbox = link.outbox, {}

@@ -56,7 +56,7 @@ def check_inputs(
     """``inputs`` must be exactly ``specs``, each well typed and shaped. ``max_batch_size`` > 0: the first
     dimension is the batch, the same for every input and within 1..max_batch_size; 0: no batch dimension;
     None: not known here (the batch bound is left to the worker)."""
-    if len(inputs) != len(specs) or any(s.name not in inputs for s in specs):
+    if len(inputs) != len(specs) or inputs.keys() != {s.name for s in specs}:
         expected = [s.name for s in specs]
         missing = [n for n in expected if n not in inputs]
         extra = sorted(n for n in inputs if n not in expected)

@@ -143,6 +143,8 @@ def encode(
         del specs[:]
     frames: list[Any] = [b""]
     for name, array in items:
+        if not isinstance(name, str):  # protobuf would take None as "no name"
+            raise TypeError(f"a tensor name must be a str, not {type(name).__name__}")
         arr = array if type(array) is np.ndarray else np.asarray(array)
         kind = arr.dtype.kind
         wire_dtype = dtypes.wire_of(arr.dtype)
