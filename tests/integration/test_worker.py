@@ -6,6 +6,8 @@ import base64
 import json
 import re
 import shutil
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from harness import (
     etcd_get,
     load_and_run,
     make_demo_repository,
+    metric,
     mlp_reference,
     wait_for,
 )
@@ -402,3 +405,33 @@ def test_numa_pin_without_a_gpu_is_a_logged_no_op(tmp_path, etcd_endpoint, repo,
         assert "numa: not pinning" in proc.log.read_text()
     finally:
         proc.stop()
+
+
+def _blas_default() -> int:
+    """The threads a fresh process's BLAS (the one numpy links) would use by its own default."""
+    code = (
+        "import numpy, threadpoolctl; print(max(i['num_threads'] for i in threadpoolctl.threadpool_info() "
+        "if i['user_api'] == 'blas'))"
+    )
+    return int(
+        subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    )
+
+
+def test_blas_threads_cap_numpy_matrix_products(
+    worker, control, client, tmp_path, etcd_endpoint, repo, prefix
+):
+    """By default one BLAS thread per matrix product (parallelism is exec_slots'); BLAS's own pool spins
+    between batches. 0 leaves the library's default. The worker reports what the library says."""
+    assert metric(worker.metrics_text(), "mcp_worker_blas_threads") == 1
+    load_and_run(control, "demo-mlp")  # a capped worker still answers, exactly
+    x = np.random.default_rng(3).random((64, 64), np.float32)  # 64 rows: past OpenBLAS's one-thread size
+    client.send("demo-mlp", {"INPUT0": x}, version="1")
+    msg = client.recv()
+    wire.raise_for_status(msg.header)
+    np.testing.assert_allclose(msg.tensors[0], mlp_reference(repo, "demo-mlp", "1", x), rtol=1e-5, atol=1e-5)
+    uncapped = WorkerProcess(tmp_path, etcd_endpoint, repo, prefix=prefix, blas_threads=0).start()
+    try:
+        assert metric(uncapped.metrics_text(), "mcp_worker_blas_threads") == _blas_default()
+    finally:
+        uncapped.stop()

@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry
 
 from mcp_worker import numa
 from mcp_worker.admission import Admission
-from mcp_worker.backends import cuda_device
+from mcp_worker.backends import cuda_device, numpy_backend
 from mcp_worker.batching import Dispatcher
 from mcp_worker.breakers import BreakerWatch
 from mcp_worker.buffers import BatchBuffers
@@ -123,6 +123,10 @@ class WorkerMetrics(RequestMetrics):
         )
         self.macs = self.counter(
             "mcp_worker_macs_total", "Multiply-accumulates the layer graphs' dense layers did.", ("model",)
+        )
+        self.blas_threads = self.gauge(
+            "mcp_worker_blas_threads",
+            "Threads a numpy model's matrix product may use, as the BLAS library reports it.",
         )
 
 
@@ -267,6 +271,11 @@ class Worker:
                 log.info(
                     "numa_pin: no GPU bus id (set gpu_pci_bus_id; NVML: %s); not pinning", self.gpus.reason
                 )
+        blas = numpy_backend.limit_blas_threads(cfg.blas_threads)
+        self.metrics.blas_threads.set(blas)
+        log.info(
+            "BLAS: %d thread(s) per matrix product (blas_threads %d; 0: its default)", blas, cfg.blas_threads
+        )
         self._metrics_server, metrics_port = start_metrics_server(
             cfg.metrics_port, cfg.metrics_host, registry=self.metrics.registry
         )

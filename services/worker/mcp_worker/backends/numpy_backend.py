@@ -47,6 +47,7 @@ from functools import partial
 
 import numpy as np
 import safetensors.numpy
+import threadpoolctl
 
 from mcp_worker.backends.base import Backend, short_error
 from mcpcore import dtypes
@@ -55,7 +56,7 @@ from mcpcore.modelspec import Layer, ModelConfig, layer_reads
 
 __all__ = [
     "INJECTED_FAULT", "LAYERNORM_EPS", "Counter", "FaultInjector", "NumpyBackend", "dense", "gelu",
-    "layernorm", "relu", "softmax",
+    "layernorm", "limit_blas_threads", "relu", "softmax",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,18 @@ INJECTED_FAULT = "injected fault"
 _GELU_C = math.sqrt(2.0 / math.pi)
 
 Step = Callable[[np.ndarray], np.ndarray]
+
+
+def limit_blas_threads(threads: int) -> int:
+    """Cap the threads of every BLAS this process loaded (``dense``'s matrix products) at ``threads``, for
+    the whole process (0: leave them); returns how many the BLAS libraries now use at most (0: none
+    loaded), as they report it."""
+    if threads:
+        threadpoolctl.threadpool_limits(limits=threads, user_api="blas")
+    return max(
+        (lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"),
+        default=0,
+    )
 
 
 # --- the ops: pure functions of arrays, in the input's dtype (Python floats are weak scalars in numpy 2) ---
