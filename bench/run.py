@@ -48,6 +48,27 @@ from scheduler_bench import bench_load_to_running  # noqa: E402
 from scheduler_scale_bench import bench_scheduler_scale  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results.json"
+#: Cores other processes may keep busy before a run without a warning (a quiet machine shows ~0.02).
+BUSY_WARN_CORES = 0.1
+
+
+def _cpu_jiffies(stat: Path) -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs, from /proc/stat's first line (idle and iowait are not busy)."""
+    fields = [int(v) for v in stat.read_text().split("\n", 1)[0].split()[1:]]
+    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal (guest is inside user)
+    return total - fields[3] - fields[4], total
+
+
+def busy_cores(seconds: float = 1.0, stat: Path = Path("/proc/stat")) -> float | None:
+    """How many cores the machine kept busy over ``seconds`` (every process): measured before the figures,
+    since a leftover process from an earlier run makes them all read low. None without /proc/stat."""
+    try:
+        busy0, total0 = _cpu_jiffies(stat)
+        time.sleep(seconds)
+        busy1, total1 = _cpu_jiffies(stat)
+    except (OSError, ValueError, IndexError):
+        return None
+    return (busy1 - busy0) / max(1, total1 - total0) * (os.cpu_count() or 1)
 
 
 def demo_repository(out: Path) -> Path:
@@ -147,11 +168,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # a full run writes a fresh file (no stale figure under a new date); --only merges into it
     results: dict[str, Any] = json.loads(args.out.read_text()) if args.only and args.out.exists() else {}
+    busy = busy_cores()
+    if busy is not None and busy > BUSY_WARN_CORES:
+        print(
+            f"warning: {busy:.2f} of {os.cpu_count()} cores were busy before the run: every figure will read "
+            "low. Look for leftover processes (ps aux --sort=-%cpu) and stop them.",
+            file=sys.stderr,
+        )
     with tempfile.TemporaryDirectory() as tmp:
         repo = demo_repository(Path(tmp) / "models")
         for name in args.only or list(BENCHES):
             results.update(BENCHES[name](repo, args.seconds))
     results["machine"] = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    results["machine_busy_cores_before"] = None if busy is None else round(busy, 2)
     results["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     args.out.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
     print(f"wrote {args.out}")

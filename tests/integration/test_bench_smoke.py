@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -38,7 +39,35 @@ def test_bench_writes_named_figures(tmp_path):
         "ring_lookup_speedup_vs_article",
         "ring_bounded_max_over_mean",
         "zmq_vs_grpc_16mib",
+        "machine_busy_cores_before",
         "when",
     ):
         assert name in results
     assert results["batching_rps_c64"] > 0 and results["batching_rps_c64_batch1"] > 0
+
+
+def _run_module():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "bench" / "run.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def test_busy_cores_counts_a_process_that_spins():
+    """What make bench measures before its figures: a leftover busy process shows (and is warned of)."""
+    run = _run_module()
+    spin = "print(flush=True)\nwhile True:\n    pass\n"
+    spinner = subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE)
+    try:
+        spinner.stdout.readline()  # it is up and spinning
+        assert run.busy_cores(0.5) >= 0.5
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+def test_cpu_jiffies_reads_proc_stat_busy_and_total(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 5 20 1000 50 3 2 1 7 0\ncpu0 50 2 10 500 25 1 1 0 3 0\n")
+    busy, total = _run_module()._cpu_jiffies(stat)
+    assert (busy, total) == (100 + 5 + 20 + 3 + 2 + 1, 1181)
