@@ -27,13 +27,13 @@ Invariants:
   it stopped) may have run it, so the call goes to the next router only when its model version is
   idempotent (learned from ``Route`` answers, asked once per model when unknown; ``stats.failovers``),
   else it fails ``Unavailable`` "may have started".
-- Same host: a direct request of at least ``SHARED_MEMORY_MIN_BYTES`` of tensors, to a worker reached on
+- Same host: a direct request of at least ``shm.MIN_BYTES`` of tensors, to a worker reached on
   its same-host endpoint whose record lists ``FEATURE_SHM``, lends the worker a region of this process's
-  shared memory (``mcpcore.shm``): the inputs are copied there once, the worker reads them in place and
-  writes its outputs into the same region, and the outputs returned are read-only views of it, which keep
-  it from reuse while any of them lives (``stats.shared``). A worker that cannot take it answers not
-  started; the request goes again at once with frames, and that worker incarnation gets frames from then
-  on. ``shared_memory=False`` turns it off.
+  shared memory (``mcpcore.shm``, through the forwarder, as a router does): the inputs are copied there
+  once, the worker reads them in place and writes its outputs into the same region, and the outputs
+  returned are read-only views of it, which keep it from reuse while any of them lives
+  (``stats.shared``). A worker that cannot take it answers not started; the request goes again at once
+  with frames, and that worker incarnation gets frames from then on. ``shared_memory=False`` turns it off.
 - Links to workers close only when no cached route names them and nothing is in flight on them.
 - Every failure is an ``MCPError`` (``mcpcore.errors``: ``NotFound``, ``InvalidArgument``,
   ``ResourceExhausted``, ``Unavailable``, ``DeadlineExceeded``, ...), with the server's message.
@@ -65,7 +65,7 @@ from mcpapi.v2 import (
     model_pb2,
     tensor_pb2,
 )
-from mcpcore import dtypes, shm, wire
+from mcpcore import dtypes, wire
 from mcpcore.errors import (
     DeadlineExceeded,
     InvalidArgument,
@@ -93,8 +93,6 @@ _UNREACHABLE_S = 5.0  # then, how long that worker's requests go by the router w
 _ROUTES_KEPT = 1024  # cached routes (one per model, version and routing key), least recent dropped
 MAX_ROUTE_TTL_S = 1.0  # the most a cached route may live
 MAX_PRIORITY = (1 << 32) - 1  # TensorHeader.priority is a uint32
-#: A direct request with at least this many bytes of tensors lends a same-host worker shared memory
-SHARED_MEMORY_MIN_BYTES = 256 << 10
 #: gRPC's words for a call that could not reach its server at all (so it never left this process)
 #: A call whose router went away mid-call: the connection broke (UNAVAILABLE with these words) or the
 #: server cancelled it (CANCELLED: this client never cancels a call it still waits for).
@@ -361,9 +359,7 @@ class AsyncMeshClient:
         self._targets: dict[str, Route] = {}  # worker -> the route its link was opened for
         self._budget = RetryBudget()
         self._unreachable: dict[str, float] = {}  # worker -> until when its link is not waited for
-        self._shared_memory = shared_memory and shm.AVAILABLE
-        self._regions: shm.RegionPool | None = None
-        self._no_shared: dict[str, str] = {}  # worker -> the incarnation that refused our shared memory
+        self._shared_memory = shared_memory
         self.stats = ClientStats()
 
     @property
@@ -381,9 +377,6 @@ class AsyncMeshClient:
         if self._fwd is not None:
             await self._fwd.close()
             self._fwd = None
-        if self._regions is not None:
-            self._regions.close()  # idle regions now; those still lent when their outputs go
-            self._regions = None
         for router in self._routers:
             await router.channel.close()
         self._routers = []
@@ -452,11 +445,8 @@ class AsyncMeshClient:
         if route.features_off and route.header_flags & wire.FLAG_SECONDARY_FEATURES_OFF:
             header.parameters[wire.PARAM_FEATURES_OFF] = ",".join(route.features_off)
         nbytes = sum(a.nbytes for a in call.arrays.values())
-        lease = self._lease(route, fwd, call, nbytes)
         try:
-            reply = await fwd.send(
-                route.worker_id, header, call.arrays, timeout_s=left, nbytes=nbytes, shared=lease
-            )
+            reply = await fwd.send(route.worker_id, header, call.arrays, timeout_s=left, nbytes=nbytes)
         except NotSent:
             self._forget(model)
             return self._fall_back(call)
@@ -473,37 +463,14 @@ class AsyncMeshClient:
             ) from None
         h = reply.header
         if not h.status_code:
-            self.stats.shared += lease is not None
+            self.stats.shared += reply.shared
             return reply.named()
-        if lease is not None and h.flags & wire.FLAG_SHARED_MEMORY and h.flags & wire.FLAG_RETRYABLE:
-            # it did not start: again at once with frames, and this worker gets frames from now on
-            log.info("worker %s cannot take this client's shared memory (%s); sending frames",
-                     route.worker_id, h.status_message)  # fmt: skip
-            if len(self._no_shared) > 4096:
-                self._no_shared.clear()
-            self._no_shared[route.worker_id] = route.incarnation
-            return await self._infer_direct(call)
         if h.flags & (wire.FLAG_RETRYABLE | wire.FLAG_DRAINING):  # not started there
             self._forget(model)  # the route is stale, or the worker is leaving
             if call.left() > 0 and (h.flags & wire.FLAG_DRAINING or self._budget.spend()):
                 return self._fall_back(call)
         wire.raise_for_status(h)
         raise AssertionError("raise_for_status raised")  # unreachable: the status was not OK
-
-    def _lease(self, route: Route, fwd: Forwarder, call: _Call, nbytes: int) -> shm.Lease | None:
-        """A shared-memory region for this request, or None for frames (the module's docstring)."""
-        if (
-            nbytes < SHARED_MEMORY_MIN_BYTES
-            or not self._shared_memory
-            or wire.FEATURE_SHM not in route.zmq_features
-            or self._no_shared.get(route.worker_id) == route.incarnation
-            or not fwd.address(route.worker_id).startswith("ipc://")  # not on its same-host endpoint
-        ):
-            return None
-        if self._regions is None:
-            limits = fwd.limits
-            self._regions = shm.RegionPool(max_region_bytes=2 * limits.max_message_bytes + (1 << 20))
-        return self._regions.lease(list(call.arrays.values()))
 
     def _fall_back(self, call: _Call) -> None:
         """The request goes through a router (it provably did not start at the worker)."""
@@ -539,7 +506,11 @@ class AsyncMeshClient:
 
     def _link(self, route: Route) -> Forwarder:
         if self._fwd is None:
-            self._fwd = Forwarder(max_in_flight=self._max_in_flight, curve_keypair=self._curve)
+            self._fwd = Forwarder(
+                max_in_flight=self._max_in_flight,
+                curve_keypair=self._curve,
+                shared_memory=self._shared_memory,
+            )
         known = self._targets.get(route.worker_id)
         if known is None or (
             known.endpoint,

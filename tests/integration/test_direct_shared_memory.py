@@ -24,16 +24,17 @@ import pytest
 import zmq
 from harness import etcd_get, metric, small_mesh, wait_for
 
+from mcpapi.kserve import grpc_service_pb2 as kserve_pb
+from mcpapi.kserve import grpc_service_pb2_grpc as kserve_grpc
 from mcpapi.v2 import tensor_pb2
 from mcpclient import AsyncMeshClient, DeadlineExceeded, MeshClient
-from mcpclient import client as client_module
 from mcpcore import shm, wire
 from mcpcore.keys import Keyspace
 
 pytestmark = pytest.mark.skipif(not shm.AVAILABLE, reason="same-host shared memory is Linux-only")
 
 MODEL = "relu-wide"
-WIDE = 128 << 10  # floats per row: 512 KiB, over SHARED_MEMORY_MIN_BYTES
+WIDE = 128 << 10  # floats per row: 512 KiB, over shm.MIN_BYTES
 FAILED_PRECONDITION, INVALID_ARGUMENT = 9, 3
 
 
@@ -98,8 +99,9 @@ def test_large_direct_requests_go_by_shared_memory_and_answer_as_the_router(mesh
             assert not direct[name].flags.writeable  # a view of the region, as frames are read-only views
         assert np.array_equal(direct["OUTPUT"], _relu(x))
         out_bytes = sum(a.nbytes for a in direct.values())
-    assert _shared_bytes(mesh, "in") - before_in == x.nbytes  # the worker read the inputs in place
-    assert _shared_bytes(mesh, "out") - before_out == out_bytes  # and wrote every output into the region
+    # the worker read both requests' inputs in place (the router lends its own region, as the SDK does)
+    assert _shared_bytes(mesh, "in") - before_in == 2 * x.nbytes
+    assert _shared_bytes(mesh, "out") - before_out == 2 * out_bytes  # and wrote every output into them
 
 
 def test_outputs_stay_valid_while_held_and_a_free_region_is_reused(mesh) -> None:
@@ -108,7 +110,7 @@ def test_outputs_stay_valid_while_held_and_a_free_region_is_reused(mesh) -> None
         first = client.infer(MODEL, {"INPUT": x1}, direct=True)["OUTPUT"]
         kept = first.copy()
         second = client.infer(MODEL, {"INPUT": x2}, direct=True)["OUTPUT"]
-        pool = client._client._regions
+        pool = client._client._fwd.regions
         assert pool is not None and pool.created == 2  # the first region was still held by `first`
         assert np.array_equal(first, kept)  # not overwritten by the second request
         assert np.array_equal(second, _relu(x2))
@@ -148,7 +150,7 @@ def test_small_requests_and_a_client_that_turns_it_off_send_frames(mesh, monkeyp
     before = _shared_bytes(mesh, "in")
     x = _x(4)
     with _client(mesh) as client, monkeypatch.context() as patch:
-        patch.setattr(client_module, "SHARED_MEMORY_MIN_BYTES", x.nbytes + 1)
+        patch.setattr(shm, "MIN_BYTES", x.nbytes + 1)
         client.infer(MODEL, {"INPUT": x}, direct=True)
         assert (client.stats.direct, client.stats.shared) == (1, 0)
     with _client(mesh, shared_memory=False) as client:
@@ -278,7 +280,7 @@ def test_the_sdk_lends_regions_only_on_the_same_host_endpoint(
     tmp_path, etcd_endpoint: str, repo: Path
 ) -> None:
     """A worker with ``--no-zmq-local`` offers no "shm" (its senders are on TCP), and the SDK sends frames."""
-    assert _x(8).nbytes >= client_module.SHARED_MEMORY_MIN_BYTES
+    assert _x(8).nbytes >= shm.MIN_BYTES
     with small_mesh(tmp_path, etcd_endpoint, repo, MODEL, ["1"], worker_flags={"zmq_local": False}) as m:
         with _client(m) as client:
             assert wire.FEATURE_SHM not in client.route(MODEL).zmq_features
@@ -287,12 +289,40 @@ def test_the_sdk_lends_regions_only_on_the_same_host_endpoint(
         assert _shared_bytes(m, "in") == 0
 
 
+def _through_router(mesh, x: np.ndarray) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """KServe ModelInfer at the router's gRPC front door (a Triton client's request)."""
+    request = kserve_pb.ModelInferRequest(model_name=MODEL)
+    request.inputs.add(name="INPUT", datatype="FP32", shape=list(x.shape))
+    request.raw_input_contents.append(x.tobytes())
+    reply = kserve_grpc.GRPCInferenceServiceStub(mesh.router.channel()).ModelInfer(request, timeout=30)
+    (out,) = reply.outputs
+    return np.frombuffer(reply.raw_output_contents[0], np.float32).reshape(tuple(out.shape))
+
+
+def test_the_router_lends_a_same_host_worker_its_memory_for_large_requests(mesh) -> None:
+    """The router's forwarder lends regions as the SDK's does (one implementation: the SDK's tests of
+    small requests and of refused regions drive it too): a large KServe request's tensors reach the worker
+    in the router's memory, and its outputs come back there."""
+    before_in, before_out = _shared_bytes(mesh, "in"), _shared_bytes(mesh, "out")
+    x = _x(30)
+    assert np.array_equal(_through_router(mesh, x), _relu(x))
+    assert _shared_bytes(mesh, "in") - before_in == x.nbytes
+    assert _shared_bytes(mesh, "out") - before_out == x.nbytes  # OUTPUT is as wide as INPUT
+
+
+def test_a_router_with_shared_memory_off_sends_frames(tmp_path, etcd_endpoint: str, repo: Path) -> None:
+    with small_mesh(tmp_path, etcd_endpoint, repo, MODEL, ["1"], router_flags={"shared_memory": False}) as m:
+        x = _x(32)
+        assert np.array_equal(_through_router(m, x), _relu(x))
+        assert _shared_bytes(m, "in") == 0 and _shared_bytes(m, "out") == 0
+
+
 def test_an_abandoned_request_spoils_its_region(mesh) -> None:
     """A request given up before its answer never gives its region back, even once the late answer came:
     the worker may have written into it after the client stopped waiting."""
     with _client(mesh) as client:
         client.infer(MODEL, {"INPUT": _x(9)}, direct=True)
-        pool = client._client._regions
+        pool = client._client._fwd.regions
         gc.collect()
         assert pool is not None and pool.idle == 1  # its outputs are gone: the region is back
         os.kill(mesh.worker.proc.pid, signal.SIGSTOP)  # frozen: the next request times out, abandoned

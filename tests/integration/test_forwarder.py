@@ -315,16 +315,21 @@ async def test_a_second_answer_to_a_request_that_expects_one_fails_it(setup):
 async def test_a_lent_region_is_spoiled_when_its_last_reply_can_no_longer_come(setup):
     """A request that lent shared memory and failed early (here: answered twice) is still held by its
     worker; when the link then fails, no last reply will say the worker is done with the region, so the
-    region is spoiled (never reused). One whose last reply came is not."""
+    region is spoiled (never reused). One whose last reply came is not. (The peer here is no same-host
+    worker, so the leases are handed to the forwarder's sending step directly.)"""
     fwd, peer, _, down = setup
     pool = shm.RegionPool(max_region_bytes=1 << 24)
     answered, failed = pool.lease([X]), pool.lease([X])
-    done = asyncio.create_task(fwd.send("w1", request(fwd), {"X": X}, timeout_s=30, shared=answered))
+    done = asyncio.create_task(
+        fwd._send("w1", request(fwd), {"X": X}, timeout_s=30, nbytes=0, on_partial=None, shared=answered)
+    )
     identity, seen, frames = await peer.request()
     assert seen.flags & wire.FLAG_SHARED_MEMORY and seen.HasField("reply_region") and not frames
     await peer.reply(identity, ok_reply(seen), [])
     await done
-    send = asyncio.create_task(fwd.send("w1", request(fwd), {"X": X}, timeout_s=30, shared=failed))
+    send = asyncio.create_task(
+        fwd._send("w1", request(fwd), {"X": X}, timeout_s=30, nbytes=0, on_partial=None, shared=failed)
+    )
     identity, seen, _ = await peer.request()
     twice = _partial(seen, 0)
     await peer.reply(identity, wire.parse_header(twice[0]), twice[1:])

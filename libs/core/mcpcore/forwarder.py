@@ -40,10 +40,13 @@ Invariants:
   opened anew too when the record starts or stops offering the same-host endpoint and that changes where
   it connects (never for a worker on another host).
 - Tensors go out and come back without copies (``copy=False``, ``np.frombuffer`` views of reply frames).
-  A sender on a worker's same-host endpoint may lend a shared-memory region instead (``shared``, an
-  ``mcpcore.shm.Lease``): its inputs go there, the worker writes outputs into it, and the reply's views
-  name it. A request abandoned before its reply (deadline, cancelled, link failed in flight) spoils its
-  region, since the worker may still write into it.
+  With ``shared_memory``, a request of at least ``shm.MIN_BYTES`` of tensors to a worker on its same-host
+  endpoint that offers ``FEATURE_SHM`` lends it a region of this process's memory instead (an
+  ``mcpcore.shm.Lease`` from this forwarder's pool): its inputs go there, the worker writes outputs into
+  it, and the reply's views name it (``Message.shared``). A worker that cannot take the region answers
+  not started with ``FLAG_SHARED_MEMORY``: the request goes again at once with frames, as does every later
+  one to that worker process. A request abandoned before its reply (deadline, cancelled, link failed in
+  flight) spoils its region, since the worker may still write into it.
 - A decoupled model's replies before its last (``FLAG_PARTIAL``) go to the request's ``on_partial`` in
   order; the request stays in flight until its last reply, and one that does not decode fails it.
 - No future per message: each link's socket is a plain one that the event loop watches by its file
@@ -66,7 +69,7 @@ import socket
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -246,8 +249,13 @@ class Forwarder:
         on_link_down: Callable[[str], None] = lambda worker: None,
         on_late: Callable[[], None] = lambda: None,
         curve_keypair: tuple[bytes, bytes] | None = None,
+        shared_memory: bool = False,
     ) -> None:
         self._ctx = zmq.Context()
+        #: Lend same-host workers shared memory for large requests (the module's docstring).
+        self.shared_memory = shared_memory and shm.AVAILABLE
+        self.regions: shm.RegionPool | None = None  # made at the first lease
+        self._no_shared: dict[str, str] = {}  # worker -> the incarnation that refused this process's memory
         #: This sender's CURVE identity (public, secret), which workers with an allow-list check; None: a
         #: fresh key pair per link (the link is encrypted, but a worker with an allow-list refuses it).
         self.curve_keypair = curve_keypair
@@ -350,6 +358,8 @@ class Forwarder:
         return self._rings[(model, version)]
 
     async def close(self) -> None:
+        if self.regions is not None:
+            self.regions.close()  # idle regions now; those still lent when their outputs go
         if self._sweeper is not None:
             self._sweeper.cancel()
         tasks = [t for link in self._links.values() for t in link.tasks]
@@ -374,7 +384,7 @@ class Forwarder:
         self.loads.pop(worker_id, None)
 
     # -- requests --------------------------------------------------------------------------------------
-    async def send(
+    def send(
         self,
         worker_id: str,
         header: tensor_pb2.TensorHeader,
@@ -383,12 +393,83 @@ class Forwarder:
         timeout_s: float,
         nbytes: int = 0,
         on_partial: Callable[[wire.Message], None] | None = None,
-        shared: shm.Lease | None = None,
-    ) -> wire.Message:
+    ) -> Coroutine[Any, Any, wire.Message]:
         """Send one request (``header.request_id`` from ``new_id()``) and wait for its reply, whatever its
         status; a decoupled model's replies before the last go to ``on_partial`` as they come. Raises
         ``NotSent``, ``MayHaveStarted``, ``DeadlineExceeded`` or ``Internal`` (a reply that does not
-        decode)."""
+        decode). A plain function returning the awaitable: no extra coroutine per request."""
+        lease = self._lease(worker_id, inputs) if self.shared_memory and nbytes >= shm.MIN_BYTES else None
+        if lease is None:
+            return self._send(
+                worker_id,
+                header,
+                inputs,
+                timeout_s=timeout_s,
+                nbytes=nbytes,
+                on_partial=on_partial,
+                shared=None,
+            )
+        return self._send_shared(worker_id, header, inputs, timeout_s, nbytes, on_partial, lease)
+
+    async def _send_shared(  # noqa: PLR0917 (one caller, send)
+        self,
+        worker_id: str,
+        header: tensor_pb2.TensorHeader,
+        inputs: Mapping[str, np.ndarray],
+        timeout_s: float,
+        nbytes: int,
+        on_partial: Callable[[wire.Message], None] | None,
+        lease: shm.Lease,
+    ) -> wire.Message:
+        """The request with its tensors in ``lease``; refused not started with ``FLAG_SHARED_MEMORY``, again
+        at once with frames, and that worker process gets frames from now on."""
+        started = time.monotonic()
+        reply = await self._send(
+            worker_id, header, inputs, timeout_s=timeout_s, nbytes=nbytes, on_partial=on_partial, shared=lease
+        )
+        refused = wire.FLAG_SHARED_MEMORY | wire.FLAG_RETRYABLE
+        left = timeout_s - (time.monotonic() - started)
+        if not reply.header.status_code or reply.header.flags & refused != refused or left <= 0:
+            return reply
+        link = self._links.get(worker_id)
+        log.info(
+            "worker %s cannot take this process's shared memory (%s); sending frames",
+            worker_id, reply.header.status_message,
+        )  # fmt: skip
+        if len(self._no_shared) > 4096:
+            self._no_shared.clear()
+        self._no_shared[worker_id] = link.endpoint.incarnation if link is not None else ""
+        header.flags &= ~wire.FLAG_SHARED_MEMORY  # not started there: the same request, with frames
+        header.ClearField("reply_region")
+        return await self._send(
+            worker_id, header, inputs, timeout_s=left, nbytes=nbytes, on_partial=on_partial, shared=None
+        )
+
+    def _lease(self, worker_id: str, inputs: Mapping[str, np.ndarray]) -> shm.Lease | None:
+        """A shared-memory region for this request, or None for frames (the module's docstring)."""
+        link = self._links.get(worker_id)
+        if (
+            link is None
+            or wire.FEATURE_SHM not in link.endpoint.zmq_features
+            or not link.address.startswith("ipc://")  # not on its same-host endpoint
+            or self._no_shared.get(worker_id) == link.endpoint.incarnation
+        ):
+            return None
+        if self.regions is None:
+            self.regions = shm.RegionPool(max_region_bytes=2 * self.limits.max_message_bytes + (1 << 20))
+        return self.regions.lease(list(inputs.values()))
+
+    async def _send(
+        self,
+        worker_id: str,
+        header: tensor_pb2.TensorHeader,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        timeout_s: float,
+        nbytes: int,
+        on_partial: Callable[[wire.Message], None] | None,
+        shared: shm.Lease | None,
+    ) -> wire.Message:
         link = self._links.get(worker_id)
         if link is None or link.down:
             raise NotSent(f"worker {worker_id} is not connected")
@@ -647,7 +728,9 @@ class Forwarder:
         try:
             if entry.shared is not None and not partial:
                 frames = wire.with_regions(header, frames, entry.shared.view, self.limits)
-            msg = wire.Message(header, wire.tensors_of(header, frames, self.limits))
+            msg = wire.Message(
+                header, wire.tensors_of(header, frames, self.limits), shared=entry.shared is not None
+            )
         except Exception as exc:  # whatever the reply holds, its request fails now, not at its deadline
             self._on_error("zmq_reply")
             why = exc.message if isinstance(exc, MCPError) else f"{type(exc).__name__}: {exc}"

@@ -42,12 +42,24 @@ import numpy as np
 from mcpapi.v2 import tensor_pb2
 from mcpcore.errors import FailedPrecondition, InvalidArgument, not_started
 
-__all__ = ["ALIGN", "AVAILABLE", "Lease", "PeerRegions", "RegionPool", "ReplyArea", "peer_process"]
+__all__ = [
+    "ALIGN",
+    "AVAILABLE",
+    "MIN_BYTES",
+    "Lease",
+    "PeerRegions",
+    "RegionPool",
+    "ReplyArea",
+    "peer_process",
+]
 
 #: Linux: memfds, seals and /proc/<pid>/fd (the local endpoint is Linux-only as well).
 AVAILABLE = sys.platform.startswith("linux") and hasattr(os, "memfd_create")
 #: Each tensor starts at a multiple of this (a cache line; what any dtype's alignment needs).
 ALIGN = 64
+#: A request with fewer bytes of tensors goes as frames: below this the socket's copies cost less than a
+#: region's bookkeeping.
+MIN_BYTES = 256 << 10
 _MiB = 1 << 20
 _NUMERIC = frozenset("biufc")  # numpy kinds whose bytes are the tensor's (wire.encode places only these)
 

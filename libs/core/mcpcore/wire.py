@@ -121,6 +121,7 @@ DEFAULT_LIMITS = Limits()
 class Message:
     header: tensor_pb2.TensorHeader
     tensors: tuple[np.ndarray, ...]
+    shared: bool = False  # its request lent the worker shared memory (``mcpcore.shm``)
 
     def named(self) -> dict[str, np.ndarray]:
         return {spec.name: arr for spec, arr in zip(self.header.tensors, self.tensors, strict=True)}

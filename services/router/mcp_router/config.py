@@ -59,6 +59,10 @@ class RouterConfig:
     #: a frame over these makes ZeroMQ drop the link).
     max_tensor_bytes: int = 16 << 20
     max_message_bytes: int = 64 << 20
+    #: A request of 256 KiB of tensors or more to a worker on this host (its same-host endpoint, "shm" in
+    #: its record) lends it a region of this process's memory: one copy in, outputs read in place (16 MiB
+    #: up and back in ``make bench``: 43 → 34 ms). A worker that cannot take it gets frames.
+    shared_memory: bool = True
     #: Link health: ZMTP heartbeats to every worker; a worker silent for ``link_timeout_s`` (dead, frozen,
     #: cut off) is a link down: keep it below the workers' lease TTL.
     link_heartbeat_s: float = 0.5

@@ -78,6 +78,7 @@ class RouterServer:
             on_error=self.metrics.count_loop_error,
             on_link_down=self._link_down,
             on_late=self.metrics.late_replies.inc,
+            shared_memory=config.shared_memory,
             curve_keypair=(
                 load_curve_keypair(config.zmq_curve_secret_key_file)
                 if config.zmq_curve_secret_key_file
