@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # the multi-process figures (e2e, failover, load_to_running, scheduler_scale) drive the same harness as the
@@ -71,3 +74,12 @@ def test_cpu_jiffies_reads_proc_stat_busy_and_total(tmp_path):
     stat.write_text("cpu  100 5 20 1000 50 3 2 1 7 0\ncpu0 50 2 10 500 25 1 1 0 3 0\n")
     busy, total = _run_module()._cpu_jiffies(stat)
     assert (busy, total) == (100 + 5 + 20 + 3 + 2 + 1, 1181)
+
+
+def test_busy_cores_is_the_busy_share_of_every_cpu_between_two_reads(tmp_path, monkeypatch):
+    """Half of all jiffies busy between the reads is half of every core: os.cpu_count() / 2 cores."""
+    run = _run_module()
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 0 1000 0 0 0 0 0 0\n")
+    monkeypatch.setattr(run.time, "sleep", lambda s: stat.write_text("cpu  150 0 10 1030 10 0 0 0 0 0\n"))
+    assert run.busy_cores(1.0, stat) == pytest.approx((os.cpu_count() or 1) * 60 / 100)

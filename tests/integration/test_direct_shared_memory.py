@@ -17,6 +17,7 @@ import signal
 import socket
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -155,6 +156,21 @@ def test_small_requests_and_a_client_that_turns_it_off_send_frames(mesh, monkeyp
         assert (client.stats.direct, client.stats.shared) == (1, 0)
     with _client(mesh, shared_memory=False) as client:
         client.infer(MODEL, {"INPUT": _x(5)}, direct=True)
+        assert (client.stats.direct, client.stats.shared) == (1, 0)
+    assert _shared_bytes(mesh, "in") == before
+
+
+def test_no_region_to_be_had_sends_frames(mesh, monkeypatch) -> None:
+    """Out of descriptors or memory for a region: the request goes as frames and is answered."""
+
+    def no_memfd(*args: object) -> int:
+        raise OSError(24, "Too many open files")
+
+    before = _shared_bytes(mesh, "in")
+    x = _x(40)
+    with _client(mesh) as client, monkeypatch.context() as patch:
+        patch.setattr(os, "memfd_create", no_memfd)
+        assert np.array_equal(client.infer(MODEL, {"INPUT": x}, direct=True)["OUTPUT"], _relu(x))
         assert (client.stats.direct, client.stats.shared) == (1, 0)
     assert _shared_bytes(mesh, "in") == before
 
@@ -308,6 +324,19 @@ def test_the_router_lends_a_same_host_worker_its_memory_for_large_requests(mesh)
     assert np.array_equal(_through_router(mesh, x), _relu(x))
     assert _shared_bytes(mesh, "in") - before_in == x.nbytes
     assert _shared_bytes(mesh, "out") - before_out == x.nbytes  # OUTPUT is as wide as INPUT
+
+
+def test_concurrent_large_requests_through_the_router_each_get_their_own_answer(mesh) -> None:
+    """Regions go round while others are lent and while grpc++ still sends replies from them: every
+    answer is its own request's, round after round."""
+    before = _shared_bytes(mesh, "in")
+    xs = [_x(50 + i) for i in range(8)]
+    with ThreadPoolExecutor(len(xs)) as pool:
+        for _ in range(3):
+            outs = list(pool.map(lambda x: _through_router(mesh, x), xs))
+            for x, out in zip(xs, outs, strict=True):
+                assert np.array_equal(out, _relu(x))
+    assert _shared_bytes(mesh, "in") - before == 3 * sum(x.nbytes for x in xs)
 
 
 def test_a_router_with_shared_memory_off_sends_frames(tmp_path, etcd_endpoint: str, repo: Path) -> None:

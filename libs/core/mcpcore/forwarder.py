@@ -398,7 +398,14 @@ class Forwarder:
         status; a decoupled model's replies before the last go to ``on_partial`` as they come. Raises
         ``NotSent``, ``MayHaveStarted``, ``DeadlineExceeded`` or ``Internal`` (a reply that does not
         decode). A plain function returning the awaitable: no extra coroutine per request."""
-        lease = self._lease(worker_id, inputs) if self.shared_memory and nbytes >= shm.MIN_BYTES else None
+        lease = None
+        if self.shared_memory and nbytes >= shm.MIN_BYTES:
+            try:
+                lease = self._lease(worker_id, inputs)
+            except OSError as exc:  # no region to be had (descriptors, memory): frames serve as well
+                log.warning(
+                    "no shared-memory region for a request to %s (%s); sending frames", worker_id, exc
+                )
         if lease is None:
             return self._send(
                 worker_id,
@@ -424,23 +431,30 @@ class Forwarder:
         """The request with its tensors in ``lease``; refused not started with ``FLAG_SHARED_MEMORY``, again
         at once with frames, and that worker process gets frames from now on."""
         started = time.monotonic()
+        link = self._links.get(worker_id)
+        incarnation = link.endpoint.incarnation if link is not None else ""  # the process it goes to
         reply = await self._send(
             worker_id, header, inputs, timeout_s=timeout_s, nbytes=nbytes, on_partial=on_partial, shared=lease
         )
         refused = wire.FLAG_SHARED_MEMORY | wire.FLAG_RETRYABLE
-        left = timeout_s - (time.monotonic() - started)
-        if not reply.header.status_code or reply.header.flags & refused != refused or left <= 0:
+        if not reply.header.status_code or reply.header.flags & refused != refused:
             return reply
-        link = self._links.get(worker_id)
         log.info(
             "worker %s cannot take this process's shared memory (%s); sending frames",
             worker_id, reply.header.status_message,
         )  # fmt: skip
         if len(self._no_shared) > 4096:
             self._no_shared.clear()
-        self._no_shared[worker_id] = link.endpoint.incarnation if link is not None else ""
+        self._no_shared[worker_id] = incarnation
+        left = timeout_s - (time.monotonic() - started)
+        if left <= 0:
+            raise DeadlineExceeded(
+                f"worker {worker_id} refused this process's shared memory and no time was left to send "
+                f"request {header.request_id} again with frames"
+            )
         header.flags &= ~wire.FLAG_SHARED_MEMORY  # not started there: the same request, with frames
         header.ClearField("reply_region")
+        header.timeout_us = max(1, int(left * 1e6))  # what is left of its time, as the worker counts it
         return await self._send(
             worker_id, header, inputs, timeout_s=left, nbytes=nbytes, on_partial=on_partial, shared=None
         )
@@ -450,6 +464,8 @@ class Forwarder:
         link = self._links.get(worker_id)
         if (
             link is None
+            or link.down
+            or link.draining  # refused unsent anyway: no region for it
             or wire.FEATURE_SHM not in link.endpoint.zmq_features
             or not link.address.startswith("ipc://")  # not on its same-host endpoint
             or self._no_shared.get(worker_id) == link.endpoint.incarnation
