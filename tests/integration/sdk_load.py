@@ -159,17 +159,20 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=0.0)
     args = parser.parse_args()
     load = Load(args)
-    signal.signal(signal.SIGTERM, lambda *_: load.stop.set())
+    # SIGTERM only appends here: Event.set in a handler takes the event's lock, which the main thread
+    # holds when the signal lands as its own Event.wait wakes up, and so hung a chaos drill's client
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _: stopping.append(signum))
     signal.signal(signal.SIGUSR1, lambda *_: load.going.clear())  # pause: calls in flight finish
     signal.signal(signal.SIGUSR2, lambda *_: load.going.set())
     threads = [threading.Thread(target=load.run, args=(t,), daemon=True) for t in range(args.threads)]
     for t in threads:
         t.start()
     until = time.monotonic() + args.seconds if args.seconds else float("inf")
-    while not load.stop.wait(0.2):
+    while not stopping and time.monotonic() <= until:
+        time.sleep(0.2)
         _write(args.status, load.status(done=False))
-        if time.monotonic() > until:
-            load.stop.set()
+    load.stop.set()
     for t in threads:
         t.join(args.timeout + 10)
     _write(args.status, load.status(done=True))
