@@ -61,6 +61,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import ipaddress
 import itertools
 import logging
@@ -416,26 +417,30 @@ class Forwarder:
                 on_partial=on_partial,
                 shared=None,
             )
-        return self._send_shared(worker_id, header, inputs, timeout_s, nbytes, on_partial, lease)
-
-    async def _send_shared(  # noqa: PLR0917 (one caller, send)
-        self,
-        worker_id: str,
-        header: tensor_pb2.TensorHeader,
-        inputs: Mapping[str, np.ndarray],
-        timeout_s: float,
-        nbytes: int,
-        on_partial: Callable[[wire.Message], None] | None,
-        lease: shm.Lease,
-    ) -> wire.Message:
-        """The request with its tensors in ``lease``; refused not started with ``FLAG_SHARED_MEMORY``, again
-        at once with frames, and that worker process gets frames from now on."""
-        started = time.monotonic()
+        attempt = functools.partial(
+            self._send, worker_id, header, inputs, nbytes=nbytes, on_partial=on_partial
+        )
         link = self._links.get(worker_id)
         incarnation = link.endpoint.incarnation if link is not None else ""  # the process it goes to
-        reply = await self._send(
-            worker_id, header, inputs, timeout_s=timeout_s, nbytes=nbytes, on_partial=on_partial, shared=lease
+        return self._unless_refused(
+            attempt, lease, header, worker=(worker_id, incarnation), timeout_s=timeout_s
         )
+
+    async def _unless_refused(
+        self,
+        attempt: Callable[..., Coroutine[Any, Any, wire.Message]],
+        lease: shm.Lease,
+        header: tensor_pb2.TensorHeader,
+        *,
+        worker: tuple[str, str],
+        timeout_s: float,
+    ) -> wire.Message:
+        """The reply to ``attempt`` with its tensors in ``lease``, unless the worker refused the memory (not
+        started, ``FLAG_SHARED_MEMORY``): then ``attempt`` with frames and what is left of the time, and
+        that worker process (``worker``: its id and incarnation) gets frames from now on."""
+        worker_id, incarnation = worker
+        started = time.monotonic()
+        reply = await attempt(timeout_s=timeout_s, shared=lease)
         refused = wire.FLAG_SHARED_MEMORY | wire.FLAG_RETRYABLE
         if not reply.header.status_code or reply.header.flags & refused != refused:
             return reply
@@ -455,9 +460,7 @@ class Forwarder:
         header.flags &= ~wire.FLAG_SHARED_MEMORY  # not started there: the same request, with frames
         header.ClearField("reply_region")
         header.timeout_us = max(1, int(left * 1e6))  # what is left of its time, as the worker counts it
-        return await self._send(
-            worker_id, header, inputs, timeout_s=left, nbytes=nbytes, on_partial=on_partial, shared=None
-        )
+        return await attempt(timeout_s=left, shared=None)
 
     def _lease(self, worker_id: str, inputs: Mapping[str, np.ndarray]) -> shm.Lease | None:
         """A shared-memory region for this request, or None for frames (the module's docstring)."""
