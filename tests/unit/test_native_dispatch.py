@@ -23,14 +23,22 @@ class RecordingDoor:
         self.finished: list[tuple] = []
         self.writes: list[tuple] = []
         self.reads: list[int] = []
+        self.queued: list[int] = []  # finished with later=True, not yet handed over by wake()
+        self.wakes: list[list[int]] = []  # what each wake() handed over
 
     def take(self) -> list[tuple]:
         events, self.events = self.events, []
         return events
 
-    def finish(self, call_id, code, details, reply=None, trailers=()) -> bool:
+    def finish(self, call_id, code, details, reply=None, trailers=(), later=False) -> bool:
         self.finished.append((call_id, code, details, reply))
+        if later:
+            self.queued.append(call_id)
         return True
+
+    def wake(self) -> None:
+        self.wakes.append(self.queued)
+        self.queued = []
 
     def write(self, call_id, data) -> bool:
         self.writes.append((call_id, data))
@@ -51,6 +59,7 @@ def server_with(door: RecordingDoor) -> NativeServer:
     server._door = door
     server._loop = None
     server._stopped = asyncio.Event()
+    server._wake_scheduled = False
 
     async def echo(request: bytes, context) -> bytes:
         await asyncio.sleep(0)
@@ -99,6 +108,24 @@ def test_late_and_unknown_events_are_ignored_and_each_call_finishes_once():
         server._events()
         await settle()
         assert door.finished == [(7, 0, "", b"hello")]
+
+    asyncio.run(main())
+
+
+def test_the_answers_of_one_loop_iteration_are_handed_over_with_one_wake():
+    async def main() -> None:
+        door = RecordingDoor()
+        server = server_with(door)
+        server._loop = asyncio.get_running_loop()
+        door.events = [(START, i, "/t.T/Echo", b"%d" % i, None, "peer") for i in (1, 2, 3)]
+        server._events()  # the three handlers answer in the same iteration
+        await settle()
+        assert sorted(c for c, *_ in door.finished) == [1, 2, 3]
+        assert [sorted(w) for w in door.wakes] == [[1, 2, 3]] and door.queued == []
+        door.events = [(START, 4, "/t.T/Echo", b"4", None, "peer")]
+        server._events()
+        await settle()
+        assert door.wakes[1:] == [[4]]  # a later answer: its own wake
 
     asyncio.run(main())
 

@@ -7,7 +7,8 @@
 // Model: every method is taken by one CallbackGenericService. A call of a method Python named "unary"
 // (one request message) is handed over with its request once the request has arrived; any other call is
 // handed over at once, and Python asks for each request message with read(). Python answers with write()
-// (streamed replies, queued here so that only one write is in flight) and exactly one finish(). Events
+// (streamed replies, queued here so that only one write is in flight) and exactly one finish() (now, or
+// queued until wake(): one wake-up of the sending thread for a loop iteration's answers). Events
 // reach Python through a queue and an eventfd that becomes readable when the queue stops being empty.
 //
 // Invariants:
@@ -209,13 +210,17 @@ class Door final : public grpc::CallbackGenericService {
     std::vector<std::pair<std::string, std::string>> trailers;
   };
 
-  void Submit(Op op) {
+  // `wake` false: the op waits for the next Wake() (Python hands over a loop iteration's finishes at once,
+  // so the op thread wakes once for them rather than once each).
+  void Submit(Op op, bool wake = true) {
     {
       std::lock_guard<std::mutex> lock(ops_mu_);
       ops_.push_back(std::move(op));
     }
-    ops_cv_.notify_one();
+    if (wake) ops_cv_.notify_one();
   }
+
+  void Wake() { ops_cv_.notify_one(); }
 
   void RunOps() {
     std::vector<Op> batch;
@@ -748,8 +753,9 @@ PyObject* Door_write(DoorObject* self, PyObject* args) {
   Py_RETURN_TRUE;
 }
 
-// finish(id, code, details, reply=None, trailers=()): the call's status, after its last reply (if any).
-// Returns False when the call is already gone.
+// finish(id, code, details, reply=None, trailers=(), later=False): the call's status, after its last reply
+// (if any); `later`: it goes out at the next wake() rather than now. Returns False when the call is already
+// gone.
 PyObject* Door_finish(DoorObject* self, PyObject* args) {
   unsigned long long id;
   int code;
@@ -757,7 +763,10 @@ PyObject* Door_finish(DoorObject* self, PyObject* args) {
   Py_ssize_t details_len;
   PyObject* reply = Py_None;
   PyObject* trailers = nullptr;
-  if (!PyArg_ParseTuple(args, "Kis#|OO", &id, &code, &details, &details_len, &reply, &trailers)) return nullptr;
+  int later = 0;
+  if (!PyArg_ParseTuple(args, "Kis#|OOp", &id, &code, &details, &details_len, &reply, &trailers, &later)) {
+    return nullptr;
+  }
   Door* door = Open(self);
   if (door == nullptr) return nullptr;
   grpc::ByteBuffer buffer;
@@ -793,8 +802,16 @@ PyObject* Door_finish(DoorObject* self, PyObject* args) {
   Call* call = door->Remove(id);
   if (call == nullptr) Py_RETURN_FALSE;
   grpc::Status status(static_cast<grpc::StatusCode>(code), std::string(details, details_len));
-  door->Submit(Door::Op{call, true, std::move(buffer), has_reply, std::move(status), std::move(pairs)});
+  door->Submit(Door::Op{call, true, std::move(buffer), has_reply, std::move(status), std::move(pairs)}, !later);
   Py_RETURN_TRUE;
+}
+
+// wake(): send what finish(..., later=True) queued
+PyObject* Door_wake(DoorObject* self, PyObject*) {
+  Door* door = Open(self);
+  if (door == nullptr) return nullptr;
+  door->Wake();
+  Py_RETURN_NONE;
 }
 
 // shutdown(grace_s): refuse new calls, give open ones grace_s, then cancel them; blocks (run it off the loop)
@@ -831,6 +848,7 @@ PyMethodDef Door_methods[] = {
     {"read", reinterpret_cast<PyCFunction>(Door_read), METH_O, "ask for a call's next request"},
     {"write", reinterpret_cast<PyCFunction>(Door_write), METH_VARARGS, "send one reply message"},
     {"finish", reinterpret_cast<PyCFunction>(Door_finish), METH_VARARGS, "end a call"},
+    {"wake", reinterpret_cast<PyCFunction>(Door_wake), METH_NOARGS, "send the finishes queued for later"},
     {"shutdown", reinterpret_cast<PyCFunction>(Door_shutdown), METH_O, "stop, giving calls a grace period"},
     {"fileno", reinterpret_cast<PyCFunction>(Door_fileno), METH_NOARGS, "readable when events wait"},
     {"stats", reinterpret_cast<PyCFunction>(Door_stats), METH_NOARGS, "open and refused calls"},
