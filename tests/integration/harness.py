@@ -353,6 +353,24 @@ def metric(text: str, name: str, **labels: str) -> float:
     )
 
 
+def freeze(pid: int) -> None:
+    """SIGSTOP ``pid`` and wait until every one of its threads is stopped: the signal is delivered
+    asynchronously, and a thread still running (grpc's, libzmq's) may take in what is sent meanwhile."""
+    os.kill(pid, signal.SIGSTOP)
+
+    def stopped() -> bool:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (FileNotFoundError, ProcessLookupError):  # a thread that ended meanwhile
+                continue
+            if state not in ("T", "t"):
+                return False
+        return True
+
+    wait_for(stopped, what=f"every thread of process {pid} to stop")
+
+
 def wait_for(predicate, timeout_s: float = 10.0, interval_s: float = 0.02, what: str = "condition"):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
     while True:

@@ -35,6 +35,7 @@ from harness import (
     WorkerProcess,
     etcd_get,
     etcd_put,
+    freeze,
     metric,
     mlp_reference,
     small_mesh,
@@ -331,7 +332,7 @@ def test_a_router_killed_holding_a_call_of_an_idempotent_model_is_sent_to_the_ne
         with cluster.client([doomed.endpoints["grpc"], cluster.router_addresses[1]]) as client:
             # routed calls only (no Route yet: the client learns the model's idempotency when it must)
             wait_for(lambda: _answers(client), what=f"{MODEL} routed by the new router")
-            os.kill(doomed.proc.pid, signal.SIGSTOP)
+            freeze(doomed.proc.pid)  # all its threads: one still running could read the request
             result: dict[str, object] = {}
             sender = threading.Thread(
                 target=lambda: result.update(out=client.infer(MODEL, {"INPUT0": _x(1)}))
