@@ -158,5 +158,6 @@ def test_a_stream_reads_only_when_its_handler_asks_and_ends_on_cancel():
         server._events()
         await settle()
         assert door.finished == [(5, grpc.StatusCode.CANCELLED.value[0], "Cancelled", None)]
+        assert door.queued == []  # a stream ends in order after its writes, never kept for later
 
     asyncio.run(main())

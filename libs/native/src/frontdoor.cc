@@ -7,8 +7,8 @@
 // Model: every method is taken by one CallbackGenericService. A call of a method Python named "unary"
 // (one request message) is handed over with its request once the request has arrived; any other call is
 // handed over at once, and Python asks for each request message with read(). Python answers with write()
-// (streamed replies, queued here so that only one write is in flight) and exactly one finish() (now, or
-// queued until wake(): one wake-up of the sending thread for a loop iteration's answers). Events
+// (streamed replies, queued here so that only one write is in flight) and exactly one finish() (a unary
+// call's kept until wake(), which sends a loop iteration's answers together). Events
 // reach Python through a queue and an eventfd that becomes readable when the queue stops being empty.
 //
 // Invariants:
@@ -199,8 +199,10 @@ class Door final : public grpc::CallbackGenericService {
     for (Call* call : open) call->End(grpc::Status(grpc::StatusCode::CANCELLED, "the server stopped"), nullptr);
   }
 
-  // Python's writes and finishes run here, in order, on one thread of their own: a grpc operation
+  // A stream's writes and finish run here, in order, on one thread of their own: a grpc operation
   // started on the Python thread runs the transport's work there (framing, the send), with the GIL held.
+  // A unary call has nothing to keep in order: its finish waits in `later_` for wake(), which carries out
+  // a loop iteration's finishes on the Python thread with the GIL released (no thread to wake).
   struct Op {
     Call* call;
     bool finish;
@@ -210,17 +212,32 @@ class Door final : public grpc::CallbackGenericService {
     std::vector<std::pair<std::string, std::string>> trailers;
   };
 
-  // `wake` false: the op waits for the next Wake() (Python hands over a loop iteration's finishes at once,
-  // so the op thread wakes once for them rather than once each).
-  void Submit(Op op, bool wake = true) {
+  void Submit(Op op) {
     {
       std::lock_guard<std::mutex> lock(ops_mu_);
       ops_.push_back(std::move(op));
     }
-    if (wake) ops_cv_.notify_one();
+    ops_cv_.notify_one();
   }
 
-  void Wake() { ops_cv_.notify_one(); }
+  // A unary call's finish, kept until wake() (only the thread holding the GIL touches `later_`).
+  void Later(Op op) { later_.push_back(std::move(op)); }
+
+  // The finishes kept since the last call (with the GIL held).
+  std::vector<Op> TakeLater() {
+    std::vector<Op> batch;
+    batch.swap(later_);
+    return batch;
+  }
+
+  void Run(Op& op) {
+    if (!op.finish) {
+      op.call->Write(std::move(op.data));
+      return;
+    }
+    for (auto& [k, v] : op.trailers) op.call->ctx()->AddTrailingMetadata(k, v);
+    op.call->End(std::move(op.status), op.has_data ? &op.data : nullptr);
+  }
 
   void RunOps() {
     std::vector<Op> batch;
@@ -231,14 +248,7 @@ class Door final : public grpc::CallbackGenericService {
         if (ops_.empty() && ops_stop_) return;
         batch.swap(ops_);
       }
-      for (Op& op : batch) {
-        if (!op.finish) {
-          op.call->Write(std::move(op.data));
-          continue;
-        }
-        for (auto& [k, v] : op.trailers) op.call->ctx()->AddTrailingMetadata(k, v);
-        op.call->End(std::move(op.status), op.has_data ? &op.data : nullptr);
-      }
+      for (Op& op : batch) Run(op);
       batch.clear();
     }
   }
@@ -275,6 +285,7 @@ class Door final : public grpc::CallbackGenericService {
   std::condition_variable ops_cv_;
   std::vector<Op> ops_;
   bool ops_stop_ = false;
+  std::vector<Op> later_;
   std::thread ops_thread_;
 };
 
@@ -493,8 +504,10 @@ void Door_dealloc(DoorObject* self) {
   if (self->door != nullptr) {
     Door* door = self->door;
     self->door = nullptr;
+    std::vector<Door::Op> later = door->TakeLater();
     Py_BEGIN_ALLOW_THREADS;
-    door->StopOps();  // runs what Python asked for first: no operation waits there for a call ended below
+    for (Door::Op& op : later) door->Run(op);  // the finishes kept for later, and
+    door->StopOps();  // what Python asked for first: no operation waits there for a call ended below
     door->SetStopping();
     if (door->server) {
       door->AbandonAll();
@@ -754,8 +767,8 @@ PyObject* Door_write(DoorObject* self, PyObject* args) {
 }
 
 // finish(id, code, details, reply=None, trailers=(), later=False): the call's status, after its last reply
-// (if any); `later`: it goes out at the next wake() rather than now. Returns False when the call is already
-// gone.
+// (if any); `later` (a unary call only: a stream's writes may still wait on the sending thread): it goes
+// out at the next wake() rather than now. Returns False when the call is already gone.
 PyObject* Door_finish(DoorObject* self, PyObject* args) {
   unsigned long long id;
   int code;
@@ -802,15 +815,25 @@ PyObject* Door_finish(DoorObject* self, PyObject* args) {
   Call* call = door->Remove(id);
   if (call == nullptr) Py_RETURN_FALSE;
   grpc::Status status(static_cast<grpc::StatusCode>(code), std::string(details, details_len));
-  door->Submit(Door::Op{call, true, std::move(buffer), has_reply, std::move(status), std::move(pairs)}, !later);
+  Door::Op op{call, true, std::move(buffer), has_reply, std::move(status), std::move(pairs)};
+  if (later) {
+    door->Later(std::move(op));
+  } else {
+    door->Submit(std::move(op));
+  }
   Py_RETURN_TRUE;
 }
 
-// wake(): send what finish(..., later=True) queued
+// wake(): carry out what finish(..., later=True) kept, on this thread with the GIL released (a unary
+// call's, so nothing else waits to go before it)
 PyObject* Door_wake(DoorObject* self, PyObject*) {
   Door* door = Open(self);
   if (door == nullptr) return nullptr;
-  door->Wake();
+  std::vector<Door::Op> batch = door->TakeLater();
+  if (batch.empty()) Py_RETURN_NONE;
+  Py_BEGIN_ALLOW_THREADS;
+  for (Door::Op& op : batch) door->Run(op);
+  Py_END_ALLOW_THREADS;
   Py_RETURN_NONE;
 }
 
