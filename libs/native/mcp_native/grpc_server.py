@@ -4,7 +4,8 @@ same Python handlers a ``grpc.aio`` server runs: the router's front door.
 Why: under load, grpc.aio's own per-call work was most of the router's CPU (about 0.3 ms a call, one
 core at 100% near 1,700 requests per second). grpc++ runs HTTP/2, TLS and each call's state machine on
 its own threads without the GIL; the event loop here sees calls in batches (one wake-up, one ``take()``)
-and answers each with one ``finish()``.
+and answers each with one ``finish()`` (a unary call's kept, and sent with the rest of its loop
+iteration's answers by one ``wake()``).
 
 It offers the part of ``grpc.aio.Server`` that ``mcpcore.serving.GrpcService`` uses
 (``add_registered_method_handlers``, ``add_generic_rpc_handlers``, ``bind``, ``start``, ``stop``), and
