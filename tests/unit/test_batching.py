@@ -515,3 +515,89 @@ async def test_a_model_runs_no_more_batches_at_once_than_its_max_running(make):
     gate.open()
     await asyncio.wait_for(asyncio.gather(*tasks), 5)
     assert len(model.batches) == 3
+
+
+class Threads:
+    """A model that records the thread each batch ran on; slow (``sleep_s``) once told to be."""
+
+    def __init__(self) -> None:
+        self.threads: list[int] = []
+        self.sleep_s = 0.0
+
+    def __call__(self, inputs: dict[str, np.ndarray], **extra: object) -> dict[str, np.ndarray]:
+        self.threads.append(threading.get_ident())
+        time.sleep(self.sleep_s)
+        return {"OUTPUT0": inputs["INPUT0"] * 2 + 1}
+
+
+class Counted:
+    """The shape of a prometheus counter family: ``labels(...).inc()``."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, ...], int] = {}
+
+    def labels(self, *labels: str):
+        family = self
+
+        class Child:
+            def inc(self, n: int = 1) -> None:
+                family.counts[labels] = family.counts.get(labels, 0) + n
+
+        return Child()
+
+
+async def run_one_by_one(q, n: int, start: int = 0) -> None:
+    for i in range(start, start + n):
+        out = await q.submit(f"r{i}", row(i))
+        np.testing.assert_array_equal(out["OUTPUT0"], row(i)["INPUT0"] * 2 + 1)
+
+
+async def test_a_fast_model_allowed_inline_runs_on_the_loop_after_a_window_on_the_threads(make):
+    from mcp_worker.inline import WINDOW  # noqa: PLC0415
+
+    class Metrics:
+        inline_batches = Counted()
+
+    model, loop_thread = Threads(), threading.get_ident()
+    q = make(inline_s=0.05, metrics=Metrics).add_model("m/1", cfg(8), model, SHARE, inline=True)
+    await run_one_by_one(q, WINDOW + 4)
+    assert loop_thread not in model.threads[:WINDOW]
+    assert model.threads[WINDOW:] == [loop_thread] * 4
+    assert Metrics.inline_batches.counts == {("m", "1"): 4}
+
+
+@pytest.mark.parametrize(("inline_s", "allowed"), [(0.0, True), (0.05, False)])
+async def test_inline_off_or_a_backend_that_may_not_keeps_every_batch_on_the_threads(make, inline_s, allowed):
+    model, loop_thread = Threads(), threading.get_ident()
+    q = make(inline_s=inline_s).add_model("m/1", cfg(8), model, SHARE, inline=allowed)
+    await run_one_by_one(q, 20)
+    assert loop_thread not in model.threads
+
+
+async def test_a_model_that_turns_slow_goes_back_to_the_threads_within_two_batches(make):
+    from mcp_worker.inline import WINDOW  # noqa: PLC0415
+
+    model, loop_thread = Threads(), threading.get_ident()
+    q = make(inline_s=0.02).add_model("m/1", cfg(8), model, SHARE, inline=True)
+    await run_one_by_one(q, WINDOW + 2)
+    assert model.threads[-1] == loop_thread
+    model.sleep_s = 0.05  # over the limit, within LEAVE_AT of it: tolerated once
+    await run_one_by_one(q, 2 + WINDOW, start=100)
+    assert model.threads[-(2 + WINDOW) :][:2] == [loop_thread] * 2
+    assert loop_thread not in model.threads[-WINDOW:]  # back on the threads; probed again only later
+
+
+async def test_a_decoupled_models_batches_never_run_inline(make):
+    from mcp_worker.inline import WINDOW  # noqa: PLC0415
+
+    model, loop_thread = Threads(), threading.get_ident()
+    q = make(inline_s=0.05).add_model("m/1", cfg(8), model, SHARE, inline=True)
+    await run_one_by_one(q, WINDOW + 1)
+    assert model.threads[-1] == loop_thread
+    await q.submit("stream", row(1), emit=lambda out: None)
+    assert model.threads[-1] != loop_thread
+
+
+def test_a_negative_inline_limit_is_refused():
+    with pytest.raises(ValueError, match="inline_s"):
+        Dispatcher(inline_s=-1)

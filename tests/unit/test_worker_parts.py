@@ -43,6 +43,8 @@ def test_heartbeat_interval_is_at_least_three_inference_times(configured, mean_e
         ({"MCP_WORKER_LABELS": "gpu"}, "labels: 'gpu' must look like key=value"),
         ({"MCP_WORKER_EXEC_SLOTS": "0"}, "exec_slots: must be >= 1"),
         ({"MCP_WORKER_BLAS_THREADS": "-1"}, "blas_threads: must be >= 0"),
+        ({"MCP_WORKER_INLINE_BATCH_MS": "-1"}, "inline_batch_ms: must be 0 \\(off\\) to 10 ms"),
+        ({"MCP_WORKER_INLINE_BATCH_MS": "50"}, "inline_batch_ms: must be 0 \\(off\\) to 10 ms"),
         ({"MCP_WORKER_ZMQ_CURVE_CLIENTS_DIR": "/tmp"}, "zmq_curve_clients_dir needs zmq_curve_secret"),
         ({"MCP_WORKER_TLS__CERT_FILE": "/nonexistent.pem"}, "cert_file and key_file go together"),
         ({"MCP_WORKER_ETCD_AUTH__USER": "mesh"}, "etcd_auth: user and password_file go together"),

@@ -4,8 +4,11 @@ Invariants:
 - Nothing busy-polls (DESIGN §11 item 5). One dispatcher task sleeps on an ``asyncio.Event`` (a submit, a
   finished batch) or until the earliest ``BatchPolicy.next_wakeup()``; with every slot busy it wakes only
   for a finished batch or a queue deadline.
-- ``run_batch`` never runs on the event loop: concatenation, the model and the split all run in the
-  executor, so the loop keeps serving while a batch computes. At most ``slots`` batches run at once.
+- Concatenation, the model and the split run in the executor, so the loop keeps serving while a batch
+  computes; at most ``slots`` batches run at once. The exception is a model added with ``inline`` that
+  proves fast: its batches run on the loop itself, with no thread to wake and no result to hand back,
+  while each takes at most the dispatcher's ``inline_s`` (``mcp_worker.inline`` has the rules: a model
+  that turns slow holds the loop for one batch). A decoupled model's batches never run inline.
 - When several models have a ready batch, a free slot goes to the one ``StrideScheduler`` picks with
   weights from ``calculate_weights`` (DESIGN §6): every model keeps a share above zero.
 - A slow model never holds every slot while another model is in use: a model starts a second batch at
@@ -60,6 +63,7 @@ import numpy as np
 
 from mcp_worker.batch_policy import BatchConfig, BatchPolicy, Request
 from mcp_worker.buffers import BatchBuffers
+from mcp_worker.inline import InlinePolicy
 from mcp_worker.sharing import ModelShare, StrideScheduler, calculate_weights
 from mcp_worker.totals import Phases, Totals
 from mcpcore import logs, tracing
@@ -117,6 +121,7 @@ class BatchMetrics(Protocol):
     deadline_dropped: (
         Any  # counter: requests dropped unrun, their time out (mcp_worker_deadline_dropped_total)
     )
+    inline_batches: Any  # counter: batches run on the event loop (mcp_worker_inline_batches_total)
 
 
 class _BoundMetrics:
@@ -132,6 +137,7 @@ class _BoundMetrics:
         self.queue_depth = child("queue_depth")
         self.queue_delay = child("queue_delay")
         self.deadline_dropped = child("deadline_dropped")
+        self.inline_batches = child("inline_batches")
 
     def observe_batch(self, waits: list[float], rows: int, max_batch_size: int) -> None:
         if self.queue_delay is not None:
@@ -149,6 +155,10 @@ class _BoundMetrics:
     def count_dropped(self, n: int) -> None:
         if self.deadline_dropped is not None and n:
             self.deadline_dropped.inc(n)
+
+    def count_inline(self) -> None:
+        if self.inline_batches is not None:
+            self.inline_batches.inc()
 
 
 #: Takes a request's outputs, or the error that ends it; called once, on the event loop.
@@ -209,6 +219,7 @@ class ModelQueue:
         share: ModelShare,
         metrics: _BoundMetrics,
         max_running: int | None = None,
+        inline: bool = False,
     ) -> None:
         self.key, self.config, self.share = key, config, share
         self.max_running = max_running  # batches it may run at once (its instances); None: any
@@ -220,6 +231,7 @@ class ModelQueue:
         self.drained.set()
         self._dispatcher, self._run_batch = dispatcher, run_batch
         self._metrics = metrics
+        self.inline = InlinePolicy(int(dispatcher.inline_s * 1e9), allowed=inline)  # loop or threads
         self._paused = False
         self._in_flight = self._requests_total = self._batches_total = self._errors_total = 0
         self.running = 0  # batches of this queue running now
@@ -483,11 +495,12 @@ class ModelQueue:
         self._recent.append((len(batch), sum(r.rows for r in batch), exec_s, queue_s))
         self._left()
 
-    def work(self, batch: list[_Pending]) -> tuple[list[Tensors], Phases, int]:
-        """Runs in the executor: concatenate along axis 0, run, split the outputs back by rows; returns
-        each request's outputs, the time of each phase (accounted on the loop, ``executed``) and the wall
-        clock (ns) it began at."""
+    def work(self, batch: list[_Pending]) -> tuple[list[Tensors], Phases, int, int]:
+        """Runs in the executor (or inline): concatenate along axis 0, run, split the outputs back by rows;
+        returns each request's outputs, the time of each phase (accounted on the loop, ``executed``), the
+        wall clock (ns) it began at and the CPU time (ns) its thread spent."""
         began = time.time_ns()
+        cpu = time.thread_time_ns()
         started = time.perf_counter_ns()
         marks: list[int] = []
         first = batch[0]  # a batch shares these (they are part of the shape key)
@@ -508,12 +521,22 @@ class ModelQueue:
 
         results = self._assemble_run_split(batch, run)
         done = time.perf_counter_ns()
+        cpu = time.thread_time_ns() - cpu
         ran, finished = (marks[0], marks[1]) if len(marks) == 2 else (done, done)
-        return results, Phases(ran - started, finished - ran, done - finished), began
+        return results, Phases(ran - started, finished - ran, done - finished), began, cpu
 
-    def executed(self, batch: list[_Pending], phases: Phases) -> None:
-        """A batch ran (on the loop, after ``work``): its totals."""
+    def executed(self, batch: list[_Pending], phases: Phases, *, inline: bool, cpu_ns: int) -> None:
+        """A batch ran (on the loop, after ``work``; ``inline``: on the loop itself): its totals, and
+        where the next one runs."""
         self.totals.executed(len(batch), sum(r.rows for r in batch), phases)
+        self.inline.ran(inline, phases.input_ns + phases.infer_ns + phases.output_ns, cpu_ns)
+
+    def runs_inline(self, batch: list[_Pending]) -> bool:
+        """Whether ``batch`` runs on the loop (``mcp_worker.inline``): counted when it does."""
+        if batch[0].emit is not None or not self.inline.take():
+            return False
+        self._metrics.count_inline()
+        return True
 
     def _assemble_run_split(self, batch: list[_Pending], run: Callable[[Tensors], Any]) -> list[Tensors]:
         inputs = cast(list[Tensors], [r.inputs for r in batch])
@@ -574,10 +597,14 @@ class Dispatcher:
         metrics: BatchMetrics | None = None,
         buffers: BatchBuffers | None = None,
         on_execute: Callable[[str, list[str]], None] | None = None,
+        inline_s: float = 0.0,
     ) -> None:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
+        if inline_s < 0:
+            raise ValueError(f"inline_s must be >= 0, got {inline_s}")
         self.slots, self.clock = slots, clock
+        self.inline_s = inline_s  # a model added with ``inline`` this fast runs on the loop; 0: none does
         self.buffers = buffers  # pool-backed batch assembly (None: numpy)
         self.on_execute = on_execute
         self.tracer = tracing.tracer(__name__)  # None: tracing is off (resolved once, not per request)
@@ -604,9 +631,12 @@ class Dispatcher:
         *,
         labels: tuple[str, str] | None = None,
         max_running: int | None = None,
+        inline: bool = False,
     ) -> ModelQueue:
         """Serve ``key`` (``model/version``: the metric labels unless ``labels`` says otherwise), at most
-        ``max_running`` batches of it at once (None: as many as the slots allow)."""
+        ``max_running`` batches of it at once (None: as many as the slots allow); ``inline``: its batches
+        may run on the loop once they prove fast (the module's docstring), for a backend that may run on
+        any thread and whose run time no request chooses."""
         if key in self._models:
             raise ValueError(f"model {key} is already served by this dispatcher")
         if labels is None:
@@ -614,8 +644,9 @@ class Dispatcher:
             labels = (model, version) if slash else (key, "")
         metrics = _BoundMetrics(self._metrics, *labels)
         queue = ModelQueue(
-            self, key, config, run_batch=run_batch, share=share, metrics=metrics, max_running=max_running
-        )
+            self, key, config, run_batch=run_batch, share=share, metrics=metrics, max_running=max_running,
+            inline=inline,
+        )  # fmt: skip
         self._models[key] = queue
         return queue
 
@@ -765,10 +796,14 @@ class Dispatcher:
         trace_id = format(span.get_span_context().trace_id, "032x") if span is not None else ""
         # this task's own context: what the batch logs, here and on the executor thread, names it
         logs.bind(model=queue.model, request_id=",".join(r.request_id for r in batch), trace_id=trace_id)
+        inline = queue.runs_inline(batch)
         try:
-            results, phases, began = await asyncio.get_running_loop().run_in_executor(
-                self._executor, contextvars.copy_context().run, queue.work, batch
-            )
+            if inline:
+                results, phases, began, cpu_ns = queue.work(batch)
+            else:
+                results, phases, began, cpu_ns = await asyncio.get_running_loop().run_in_executor(
+                    self._executor, contextvars.copy_context().run, queue.work, batch
+                )
         except asyncio.CancelledError:
             if span is not None:
                 tracing.end(span, "cancelled: the worker is stopping")
@@ -776,6 +811,7 @@ class Dispatcher:
                 _answer(req, Unavailable(f"worker shutting down while running {queue.key}; retry"))
             raise
         except Exception as exc:
+            queue.inline.failed(inline)
             error = queue.batch_error(exc, len(batch))
             if span is not None:
                 tracing.end(span, error.message)
@@ -788,7 +824,7 @@ class Dispatcher:
             queue.finish(batch, time.perf_counter() - started, queue_s)
             self.last_active = time.time()
             self._wake.set()
-        queue.executed(batch, phases)
+        queue.executed(batch, phases, inline=inline, cpu_ns=cpu_ns)
         if span is not None and self.tracer is not None:
             ran = began + phases.input_ns
             tracing.record(

@@ -71,6 +71,11 @@ class WorkerConfig:
     memory_capacity_bytes: int = 8 << 30
     #: Batches executing at once (threads running model code).
     exec_slots: int = 2
+    #: A numpy or ONNX model whose batches take at most this long runs them on the event loop, not an
+    #: ``exec_slots`` thread: no thread to wake and no result to hand back (``mcp_worker.inline`` has the
+    #: rules). A batch holds the loop that long at most; its first slower or failed batch sends the model
+    #: back to the threads. 0 runs every batch on the threads.
+    inline_batch_ms: float = 1.0
     #: Threads one matrix product of a numpy model may use (the BLAS numpy links). 1, as ONNX models'
     #: ``intra_op_num_threads``: parallelism comes from ``exec_slots``, and BLAS's own pool (a thread per
     #: core) spins between batches, which took the worker's CPU per request at c=64, batches of up to 64
@@ -132,6 +137,11 @@ class WorkerConfig:
             )
         if self.exec_slots < 1:
             raise ValueError(f"exec_slots: must be >= 1, got {self.exec_slots}")
+        if not 0 <= self.inline_batch_ms <= 10:
+            raise ValueError(
+                f"inline_batch_ms: must be 0 (off) to 10 ms (the time a batch may hold the event loop), "
+                f"got {self.inline_batch_ms}"
+            )
         if self.blas_threads < 0:
             raise ValueError(f"blas_threads: must be >= 0 (0: BLAS's own default), got {self.blas_threads}")
         if self.memory_capacity_bytes <= 0:

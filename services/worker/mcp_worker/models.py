@@ -344,6 +344,7 @@ class ModelManager:
             backend.infer,
             ModelShare(priority=config.priority, latency_sensitivity=config.qos.latency_sensitivity),
             max_running=None if backend.concurrent else config.instance_count,
+            inline=backend.inline,
         )
         queue.set_batch_ratio(self._batch_ratios.get(rid.model, 1.0))  # a breaker already in force
         replica = Replica(rid, config, backend, queue, self.budget.held(name), S.LOADING, self._clock())

@@ -103,6 +103,11 @@ class WorkerMetrics(RequestMetrics):
             "Request messages on the tensor socket: single, or coalesced (several requests in one).",
             ("kind",),
         )
+        self.inline_batches = self.counter(
+            "mcp_worker_inline_batches_total",
+            "Batches run on the event loop: the model's recent batches each took at most inline_batch_ms.",
+            ("model", "version"),
+        )
         self.coalesced_requests = self.counter(
             "mcp_worker_coalesced_requests_total", "Requests that arrived in coalesced messages."
         )
@@ -159,6 +164,7 @@ class Worker:
             metrics=self.metrics,
             buffers=self.buffers,
             on_execute=lambda key, ids: self.executions.record(key.rpartition("/")[0], ids),
+            inline_s=config.inline_batch_ms / 1e3,
         )
         keyring = Keyring.load(config.keyring) if config.keyring else None
         self.manager = ModelManager(

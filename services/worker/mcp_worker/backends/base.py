@@ -1,7 +1,8 @@
 """The backend interface: one loaded model version that turns input tensors into output tensors.
 
 A backend is built from the version's ``ModelConfig`` and its weights bytes, already decrypted, in memory;
-it never reads files. ``infer`` is blocking and runs on an executor thread, off the event loop.
+it never reads files. ``infer`` is blocking and runs on an executor thread, off the event loop (on the
+loop itself only for a backend that says ``inline`` and batches that prove fast: ``mcp_worker.inline``).
 
 Invariants:
 - ``infer`` checks its inputs against ``config.inputs`` before running anything: a wrong name, dtype, rank
@@ -68,6 +69,10 @@ class Backend(abc.ABC):
     #: Whether runs of one instance may overlap (thread-safe ``_run``); if not, the worker runs at most
     #: ``instance_count`` batches of the model at once.
     concurrent: ClassVar[bool] = True
+    #: Whether its batches may run on the worker's event loop once they prove fast (``Dispatcher``'s
+    #: ``inline_s``): ``_run`` runs on any thread without waiting for another run, and nothing a request
+    #: sends decides how long it takes.
+    inline: ClassVar[bool] = False
 
     def __init__(self, config: ModelConfig, weights: bytes | None) -> None:
         self.config = config

@@ -61,6 +61,7 @@ class Instances(Backend):
         first = self.instances[0]
         self.name = first.name  # type: ignore[misc]
         self.concurrent = first.concurrent  # type: ignore[misc]
+        self.inline = first.inline  # type: ignore[misc]
         self.device, self.fallback = first.device, first.fallback
         self._where = (
             f"model {config.name}/{config.version} ({first.name} backend, {len(self.instances)} instances)"

@@ -194,6 +194,7 @@ class NumpyBackend(Backend):
     """A layer graph (one input, one or more outputs) run op by op with numpy."""
 
     name = "numpy"
+    inline = True  # pure numpy, any thread; a ``sleep`` layer makes every batch slow: never inline then
 
     def __init__(self, config: ModelConfig, weights: bytes | None) -> None:
         super().__init__(config, weights)

@@ -92,6 +92,7 @@ class OnnxBackend(Backend):
 
     name = "onnx"
     takes_device = True
+    inline = True  # ``InferenceSession.run`` is thread-safe and takes no request parameters
 
     def __init__(
         self,
