@@ -12,6 +12,9 @@ config fields, so a service's config says nothing of them):
 - ``--otlp-endpoint URL`` (else ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, else
   ``OTEL_EXPORTER_OTLP_ENDPOINT``): where spans go over OTLP/gRPC; none: tracing is off
   (``mcpcore.tracing``). Set up before the service object is made, flushed after it stopped.
+- ``MCP_BATCH_HELPER_THREADS`` (default on; ``0`` off): grpc's and libzmq's helper threads run under
+  ``SCHED_BATCH`` (``mcpcore.helper_threads``: waking them does not preempt the event loop), looked for
+  once started and every ``RESCAN_S`` after.
 
 A service's process fields (``fields``: the worker's id) go on every log line, and into the trace
 resource as ``mcp.<field>``. An exception that ends the process is logged (so it is a JSON line too) and
@@ -45,7 +48,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from mcpcore import logs, tracing
+from mcpcore import helper_threads, logs, tracing
 from mcpcore.config import add_flags, load_config, overrides_from_args
 from mcpcore.errors import InvalidArgument, MCPError
 
@@ -67,6 +70,7 @@ class ProcessOptions:
 
     log_format: str = "json"
     otlp_endpoint: str = ""  # "" : tracing off
+    batch_helper_threads: bool = True  # MCP_BATCH_HELPER_THREADS
 
 
 def parse_args(
@@ -96,7 +100,14 @@ def parse_args(
     log_format = ns.log_format or os.environ.get("MCP_LOG_FORMAT", "").strip().lower() or "json"
     if log_format not in logs.FORMATS:
         raise InvalidArgument(f"MCP_LOG_FORMAT is {log_format!r}; use one of {', '.join(logs.FORMATS)}")
-    return config, ProcessOptions(log_format, tracing.endpoint(ns.otlp_endpoint or "", os.environ))
+    batch = os.environ.get("MCP_BATCH_HELPER_THREADS", "1").strip().lower()
+    if batch not in ("1", "0", "true", "false", "on", "off", ""):
+        raise InvalidArgument(f"MCP_BATCH_HELPER_THREADS is {batch!r}; use 1 (the default) or 0")
+    return config, ProcessOptions(
+        log_format,
+        tracing.endpoint(ns.otlp_endpoint or "", os.environ),
+        batch_helper_threads=batch not in ("0", "false", "off"),
+    )
 
 
 def parse_config(prog: str, config_cls: type[C], env_prefix: str, argv: list[str] | None) -> C:
@@ -130,7 +141,20 @@ def tune_allocator() -> bool:
     )
 
 
-async def serve(factory: Callable[[C], Service], config: C) -> None:
+def _batch_helpers() -> None:
+    if changed := helper_threads.batch_helpers():
+        log.debug("%d helper thread(s) now run under SCHED_BATCH", changed)
+
+
+async def _keep_helpers_batched() -> None:
+    """Put helper threads started since under SCHED_BATCH every ``RESCAN_S`` (libraries start some
+    lazily, under load)."""
+    while True:
+        await asyncio.sleep(helper_threads.RESCAN_S)
+        _batch_helpers()
+
+
+async def serve(factory: Callable[[C], Service], config: C, *, batch_helper_threads: bool = True) -> None:
     tune_allocator()
     service = factory(config)  # inside the loop: services make grpc.aio and zmq.asyncio objects
     stop = asyncio.Event()
@@ -142,8 +166,14 @@ async def serve(factory: Callable[[C], Service], config: C) -> None:
     gc.freeze()  # what start() made lives as long as the process: no full pass walks it again
     gc.set_threshold(GC_YOUNG_OBJECTS, *gc.get_threshold()[1:])
     sys.setswitchinterval(SWITCH_INTERVAL_S)  # the loop thread waits less for the GIL
+    helpers = None
+    if batch_helper_threads:  # before "ready": whoever waits for it finds them batched
+        _batch_helpers()
+        helpers = asyncio.create_task(_keep_helpers_batched())
     print(json.dumps({"event": "ready", **endpoints}), flush=True)
     await stop.wait()
+    if helpers is not None:
+        helpers.cancel()
     try:
         await service.stop()
     except Exception:  # the process ends either way; a stop that failed halfway must be seen
@@ -180,7 +210,7 @@ def run(
         print(f"{prog}: {exc.message}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(serve(factory, config))
+        asyncio.run(serve(factory, config, batch_helper_threads=options.batch_helper_threads))
     except Exception:
         log.critical("%s failed", prog, exc_info=True)
         return 1
