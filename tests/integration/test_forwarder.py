@@ -355,7 +355,7 @@ async def raw_message(peer: Peer) -> tuple[bytes, tensor_pb2.TensorHeader, list[
 async def test_requests_of_one_iteration_leave_coalesced_and_each_gets_its_own_reply(setup):
     fwd, peer, _, _ = setup
     coalescing = wire.FEATURE_BATCH in fwd._links["w1"].endpoint.zmq_features
-    inputs = [np.full((1, 4), i, np.float32) for i in range(10)]
+    inputs = [np.full((1, 4), i, np.float32) for i in range(8)]  # flush_at (8): they leave at once
     headers = [request(fwd) for _ in inputs]
     sending = [
         asyncio.create_task(fwd.send("w1", h, {"X": x}, timeout_s=5))
@@ -363,18 +363,18 @@ async def test_requests_of_one_iteration_leave_coalesced_and_each_gets_its_own_r
     ]
     got: list[tuple[tensor_pb2.TensorHeader, list[bytes]]] = []
     identity, first, frames = await raw_message(peer)
-    if coalescing:  # all ten in one message, each header with its own tensor
+    if coalescing:  # all eight in one message, each header with its own tensor
         assert first.kind == wire.KIND_BATCH
         got = [(h, list(t)) for h, t in wire.uncoalesce(first, frames)]
     else:  # one message each, as older workers take them
-        got = [(first, frames)] + [(h, f) for _, h, f in [await raw_message(peer) for _ in range(9)]]
+        got = [(first, frames)] + [(h, f) for _, h, f in [await raw_message(peer) for _ in range(7)]]
     assert [h.request_id for h, _ in got] == [h.request_id for h in headers]
-    # the replies: nine coalesced out of order, one single; each carries its request's tensor doubled
+    # the replies: seven coalesced out of order, one single; each carries its request's tensor doubled
     replies = [
         wire.encode(ok_reply(h), {"Y": np.frombuffer(t[0], np.float32).reshape(1, 4) * 2}) for h, t in got
     ]
     [(count, batch)] = wire.coalesce(replies[:0:-1])
-    assert count == 9
+    assert count == 7
     await peer.sock.send_multipart([identity, *batch])
     await peer.sock.send_multipart([identity, *replies[0]])
     results = await asyncio.wait_for(asyncio.gather(*sending), 5)
@@ -382,6 +382,48 @@ async def test_requests_of_one_iteration_leave_coalesced_and_each_gets_its_own_r
         assert msg.header.request_id == h.request_id
         np.testing.assert_array_equal(msg.tensors[0], x * 2)
     assert fwd.loads["w1"] == 0
+
+
+@pytest.mark.parametrize(("flush_at", "sizes"), [(4, [4, 4, 2]), (0, [10]), (16, [10])])
+async def test_a_full_outbox_leaves_at_once_and_the_rest_at_the_next_iteration(flush_at, sizes):
+    """``flush_at`` requests waiting for one worker leave without waiting for the iteration to end, so the
+    worker starts on them sooner; what is left leaves at the next iteration; 0 keeps them all for it."""
+    ctx = zmq.asyncio.Context()
+    peer = Peer(ctx)
+    fwd = Forwarder(flush_at=flush_at)
+    fwd.sync({"w1": WorkerEndpoint("w1", peer.endpoint, zmq_features=BATCH)})
+    try:
+        for _ in range(200):  # the handshake: the link is up once the peer answered ZMTP
+            if fwd.link_ok("w1"):
+                break
+            await asyncio.sleep(0.01)
+        headers = [request(fwd) for _ in range(10)]
+        sending = [asyncio.create_task(fwd.send("w1", h, {"X": X}, timeout_s=5)) for h in headers]
+        await asyncio.sleep(0)  # every send ran in this one iteration: full outboxes left during it
+        left = len(headers) - len(fwd._links["w1"].outbox)
+        assert left == sum(sizes[:-1])
+        got, ids = [], []
+        for _ in sizes:
+            identity, first, frames = await raw_message(peer)
+            parts = wire.uncoalesce(first, frames) if first.kind == wire.KIND_BATCH else [(first, frames)]
+            got.append(len(parts))
+            ids += [h.request_id for h, _ in parts]
+            for h, _ in parts:
+                await peer.reply(identity, ok_reply(h), [])
+        assert got == sizes
+        assert ids == [h.request_id for h in headers]  # in order, each once
+        results = await asyncio.wait_for(asyncio.gather(*sending), 5)
+        assert [m.header.request_id for m in results] == ids
+        assert fwd.loads["w1"] == 0
+    finally:
+        await fwd.close()
+        peer.sock.close(0)
+        ctx.term()
+
+
+def test_a_negative_flush_at_is_refused():
+    with pytest.raises(ValueError, match="flush_at: must be >= 0"):
+        Forwarder(flush_at=-1)
 
 
 async def test_a_request_still_waiting_to_leave_when_its_link_fails_was_not_sent():

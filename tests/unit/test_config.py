@@ -392,3 +392,14 @@ def test_the_routers_grpc_server_is_one_it_knows() -> None:
     with pytest.raises(InvalidArgument) as exc:
         load_config(RouterConfig, env={"MCP_ROUTER_GRPC_SERVER": "grpcio"}, env_prefix="MCP_ROUTER_")
     assert message(exc) == "router config: grpc_server: must be one of native, aio, got 'grpcio'"
+
+
+def test_the_routers_coalesce_flush_at_is_a_count_or_zero() -> None:
+    assert load_config(RouterConfig, env={}, env_prefix="MCP_ROUTER_").coalesce_flush_at == 8
+    off = load_config(RouterConfig, env={"MCP_ROUTER_COALESCE_FLUSH_AT": "0"}, env_prefix="MCP_ROUTER_")
+    assert off.coalesce_flush_at == 0
+    with pytest.raises(InvalidArgument) as exc:
+        load_config(RouterConfig, env={"MCP_ROUTER_COALESCE_FLUSH_AT": "-1"}, env_prefix="MCP_ROUTER_")
+    assert message(exc) == (
+        "router config: coalesce_flush_at: must be >= 0 (0: only at the next loop iteration), got -1"
+    )

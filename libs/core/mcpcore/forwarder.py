@@ -28,8 +28,9 @@ Invariants:
   before its deadline, never after it (so the router's answer is there before the worker's own deadline
   answer or the client's deadline).
 - Requests for one worker sent in one loop iteration leave together, as one coalesced message
-  (``KIND_BATCH``) when its record lists the feature, at the start of the next iteration; each keeps its
-  own id, reply, status and retry. One still waiting to leave when its link fails, or whose send is
+  (``KIND_BATCH``) when its record lists the feature, at the start of the next iteration, or at once
+  when ``flush_at`` of them are waiting (then the rest follow as before); each keeps its own id, reply,
+  status and retry. One still waiting to leave when its link fails, or whose send is
   refused, is ``NotSent``.
   Coalesced replies, which every request says it takes (``FLAG_TAKES_COALESCED``), are taken apart and
   each delivered as a single one.
@@ -251,7 +252,10 @@ class Forwarder:
         on_late: Callable[[], None] = lambda: None,
         curve_keypair: tuple[bytes, bytes] | None = None,
         shared_memory: bool = False,
+        flush_at: int = 8,
     ) -> None:
+        if flush_at < 0:
+            raise ValueError(f"flush_at: must be >= 0 (0: only at the next loop iteration), got {flush_at}")
         self._ctx = zmq.Context()
         #: Lend same-host workers shared memory for large requests (the module's docstring).
         self.shared_memory = shared_memory and shm.AVAILABLE
@@ -276,6 +280,12 @@ class Forwarder:
         self.nbytes = 0  # tensor bytes in flight, all workers
         self._sweeper: asyncio.Task[None] | None = None
         self._to_flush: list[_Link] = []  # links with an outbox to send at the next iteration
+        #: A link's outbox leaves as soon as it holds this many requests (0: only at the next iteration).
+        #: Measured at c=64 over one connection (harness load, alternating on one running mesh, 8 rounds x
+        #: 6 s): 8 against 0, +5% req/s (ahead in 6 of 8), the share of idle CPU 0.15 against 0.21, the
+        #: router's and worker's CPU per request +4% (more, smaller messages); 2 and 4 cost more CPU than
+        #: the earlier start gains.
+        self.flush_at = flush_at
         # deadline slot -> its timer and the requests due in it; a slot goes (and its timer is cancelled)
         # once its last request ends, so only slots with requests in flight are kept
         self._due: dict[int, tuple[asyncio.TimerHandle, dict[_Pending, _Link]]] = {}
@@ -540,6 +550,8 @@ class Forwarder:
                 if len(self._to_flush) == 1:  # in a fresh context: no request's log fields
                     loop.call_soon(self._flush, context=contextvars.Context())
         self._due_at(loop, loop.time() + timeout_s, entry, link)
+        if coalescing and self.flush_at and len(link.outbox) >= self.flush_at:
+            self._send_outbox(link)  # its worker can start on these while this iteration goes on
         try:
             return await future  # its reply, or its deadline (``_expire``) fails it
         except asyncio.CancelledError:  # the client went away: the worker may still be running it
@@ -595,26 +607,30 @@ class Forwarder:
         for link in links:
             link.flush_scheduled = False
         for link in links:
-            out, link.outbox = link.outbox, {}
-            if not out or self._links.get(link.endpoint.id) is not link:
-                continue  # failed already (the link closed)
-            rids, messages = list(out), list(out.values())
+            self._send_outbox(link)
+
+    def _send_outbox(self, link: _Link) -> None:
+        """Send the requests waiting in ``link``'s outbox, coalesced as far as the limits allow."""
+        out, link.outbox = link.outbox, {}
+        if not out or self._links.get(link.endpoint.id) is not link:
+            return  # nothing waits, or it failed already (the link closed)
+        rids, messages = list(out), list(out.values())
+        try:
+            groups = wire.coalesce(messages, self.limits)
+        except Exception as exc:  # never: the frames were made by encode; if so, none of them left
+            log.exception("requests for worker %s could not be coalesced", link.endpoint.id)
+            self._unsent(link, rids, f"worker {link.endpoint.id}: the send failed ({exc})")
+            return
+        at = 0
+        for count, message in groups:
+            group, at = rids[at : at + count], at + count
             try:
-                groups = wire.coalesce(messages, self.limits)
-            except Exception as exc:  # never: the frames were made by encode; if so, none of them left
-                log.exception("requests for worker %s could not be coalesced", link.endpoint.id)
-                self._unsent(link, rids, f"worker {link.endpoint.id}: the send failed ({exc})")
-                continue
-            at = 0
-            for count, message in groups:
-                group, at = rids[at : at + count], at + count
-                try:
-                    self._send_now(link, message)
-                except NotSent as exc:
-                    self._unsent(link, group, exc.message)
-                except Exception as exc:  # whatever it was, these did not leave; the other links go on
-                    log.exception("sending to worker %s failed", link.endpoint.id)
-                    self._unsent(link, group, f"worker {link.endpoint.id}: the send failed ({exc})")
+                self._send_now(link, message)
+            except NotSent as exc:
+                self._unsent(link, group, exc.message)
+            except Exception as exc:  # whatever it was, these did not leave; the other links go on
+                log.exception("sending to worker %s failed", link.endpoint.id)
+                self._unsent(link, group, f"worker {link.endpoint.id}: the send failed ({exc})")
 
     def _unsent(self, link: _Link, rids: list[str], why: str) -> None:
         for rid in rids:

@@ -79,6 +79,7 @@ class RouterServer:
             on_link_down=self._link_down,
             on_late=self.metrics.late_replies.inc,
             shared_memory=config.shared_memory,
+            flush_at=config.coalesce_flush_at,
             curve_keypair=(
                 load_curve_keypair(config.zmq_curve_secret_key_file)
                 if config.zmq_curve_secret_key_file
