@@ -16,9 +16,12 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from mcp_router.config import RouterConfig
+from mcp_router.server import RouterServer
 from mcp_router.snapshot import WorkerEndpoint
 from mcpapi.v2 import tensor_pb2
 from mcpcore import shm, wire
+from mcpcore.config import load_config
 from mcpcore.errors import DeadlineExceeded, Internal
 from mcpcore.forwarder import Forwarder, MayHaveStarted, NotSent, link_address
 
@@ -355,7 +358,7 @@ async def raw_message(peer: Peer) -> tuple[bytes, tensor_pb2.TensorHeader, list[
 async def test_requests_of_one_iteration_leave_coalesced_and_each_gets_its_own_reply(setup):
     fwd, peer, _, _ = setup
     coalescing = wire.FEATURE_BATCH in fwd._links["w1"].endpoint.zmq_features
-    inputs = [np.full((1, 4), i, np.float32) for i in range(8)]  # flush_at (8): they leave at once
+    inputs = [np.full((1, 4), i, np.float32) for i in range(10)]
     headers = [request(fwd) for _ in inputs]
     sending = [
         asyncio.create_task(fwd.send("w1", h, {"X": x}, timeout_s=5))
@@ -363,18 +366,18 @@ async def test_requests_of_one_iteration_leave_coalesced_and_each_gets_its_own_r
     ]
     got: list[tuple[tensor_pb2.TensorHeader, list[bytes]]] = []
     identity, first, frames = await raw_message(peer)
-    if coalescing:  # all eight in one message, each header with its own tensor
+    if coalescing:  # all ten in one message, each header with its own tensor
         assert first.kind == wire.KIND_BATCH
         got = [(h, list(t)) for h, t in wire.uncoalesce(first, frames)]
     else:  # one message each, as older workers take them
-        got = [(first, frames)] + [(h, f) for _, h, f in [await raw_message(peer) for _ in range(7)]]
+        got = [(first, frames)] + [(h, f) for _, h, f in [await raw_message(peer) for _ in range(9)]]
     assert [h.request_id for h, _ in got] == [h.request_id for h in headers]
-    # the replies: seven coalesced out of order, one single; each carries its request's tensor doubled
+    # the replies: nine coalesced out of order, one single; each carries its request's tensor doubled
     replies = [
         wire.encode(ok_reply(h), {"Y": np.frombuffer(t[0], np.float32).reshape(1, 4) * 2}) for h, t in got
     ]
     [(count, batch)] = wire.coalesce(replies[:0:-1])
-    assert count == 7
+    assert count == 9
     await peer.sock.send_multipart([identity, *batch])
     await peer.sock.send_multipart([identity, *replies[0]])
     results = await asyncio.wait_for(asyncio.gather(*sending), 5)
@@ -384,8 +387,10 @@ async def test_requests_of_one_iteration_leave_coalesced_and_each_gets_its_own_r
     assert fwd.loads["w1"] == 0
 
 
-@pytest.mark.parametrize(("flush_at", "sizes"), [(4, [4, 4, 2]), (0, [10]), (16, [10])])
-async def test_a_full_outbox_leaves_at_once_and_the_rest_at_the_next_iteration(flush_at, sizes):
+@pytest.mark.parametrize(
+    ("flush_at", "early", "sizes"), [(4, 8, [4, 4, 2]), (5, 10, [5, 5]), (0, 0, [10]), (16, 0, [10])]
+)
+async def test_a_full_outbox_leaves_at_once_and_the_rest_at_the_next_iteration(flush_at, early, sizes):
     """``flush_at`` requests waiting for one worker leave without waiting for the iteration to end, so the
     worker starts on them sooner; what is left leaves at the next iteration; 0 keeps them all for it."""
     ctx = zmq.asyncio.Context()
@@ -400,8 +405,7 @@ async def test_a_full_outbox_leaves_at_once_and_the_rest_at_the_next_iteration(f
         headers = [request(fwd) for _ in range(10)]
         sending = [asyncio.create_task(fwd.send("w1", h, {"X": X}, timeout_s=5)) for h in headers]
         await asyncio.sleep(0)  # every send ran in this one iteration: full outboxes left during it
-        left = len(headers) - len(fwd._links["w1"].outbox)
-        assert left == sum(sizes[:-1])
+        assert len(headers) - len(fwd._links["w1"].outbox) == early
         got, ids = [], []
         for _ in sizes:
             identity, first, frames = await raw_message(peer)
@@ -412,6 +416,7 @@ async def test_a_full_outbox_leaves_at_once_and_the_rest_at_the_next_iteration(f
                 await peer.reply(identity, ok_reply(h), [])
         assert got == sizes
         assert ids == [h.request_id for h in headers]  # in order, each once
+        assert not await peer.sock.poll(100)  # and nothing more: no empty or repeated message
         results = await asyncio.wait_for(asyncio.gather(*sending), 5)
         assert [m.header.request_id for m in results] == ids
         assert fwd.loads["w1"] == 0
@@ -419,6 +424,55 @@ async def test_a_full_outbox_leaves_at_once_and_the_rest_at_the_next_iteration(f
         await fwd.close()
         peer.sock.close(0)
         ctx.term()
+
+
+async def test_requests_whose_early_send_is_refused_fail_not_sent_the_callers_too(monkeypatch):
+    """A full outbox sent during the iteration and refused by the socket: each of its requests fails
+    ``NotSent`` (they never left), the one whose send filled it included; none stays counted or due,
+    and the link takes the next request as before."""
+    ctx = zmq.asyncio.Context()
+    peer = Peer(ctx)
+    fwd = Forwarder(flush_at=4)
+    fwd.sync({"w1": WorkerEndpoint("w1", peer.endpoint, zmq_features=BATCH)})
+    try:
+        for _ in range(200):
+            if fwd.link_ok("w1"):
+                break
+            await asyncio.sleep(0.01)
+        link = fwd._links["w1"]
+
+        def refuse(*args: object, **kwargs: object) -> None:
+            raise zmq.Again()
+
+        monkeypatch.setattr(link.sock, "send_multipart", refuse)
+        sending = [asyncio.create_task(fwd.send("w1", request(fwd), {"X": X}, timeout_s=5)) for _ in range(4)]
+        await asyncio.sleep(0)
+        assert link.outbox == {}  # tried at once, within the iteration
+        results = await asyncio.wait_for(asyncio.gather(*sending, return_exceptions=True), 5)
+        assert [type(r) for r in results] == [NotSent] * 4
+        assert all("link is full or not connected" in str(r) for r in results)
+        assert fwd.loads["w1"] == 0 and fwd._due == {} and link.pending == {}
+        monkeypatch.undo()
+        header = request(fwd)
+        answered = asyncio.create_task(fwd.send("w1", header, {"X": X}, timeout_s=5))
+        identity, got, _ = await raw_message(peer)
+        assert got.request_id == header.request_id
+        await peer.reply(identity, ok_reply(got), [])
+        assert (await asyncio.wait_for(answered, 5)).header.request_id == header.request_id
+    finally:
+        await fwd.close()
+        peer.sock.close(0)
+        ctx.term()
+
+
+@pytest.mark.parametrize("value", ["0", "3"])
+async def test_the_router_hands_its_coalesce_flush_at_to_its_forwarder(value):
+    config = load_config(RouterConfig, env={"MCP_ROUTER_COALESCE_FLUSH_AT": value}, env_prefix="MCP_ROUTER_")
+    router = RouterServer(config)
+    try:
+        assert router.forwarder.flush_at == int(value)
+    finally:
+        await router.forwarder.close()
 
 
 def test_a_negative_flush_at_is_refused():

@@ -27,11 +27,11 @@ Invariants:
   with one timer per slot in use, not one per request: a request fails ``DeadlineExceeded`` at most 2 ms
   before its deadline, never after it (so the router's answer is there before the worker's own deadline
   answer or the client's deadline).
-- Requests for one worker sent in one loop iteration leave together, as one coalesced message
-  (``KIND_BATCH``) when its record lists the feature, at the start of the next iteration, or at once
-  when ``flush_at`` of them are waiting (then the rest follow as before); each keeps its own id, reply,
-  status and retry. One still waiting to leave when its link fails, or whose send is
-  refused, is ``NotSent``.
+- Requests for one worker sent in one loop iteration leave coalesced (``KIND_BATCH``) when its record
+  lists the feature: together at the start of the next iteration, or, with ``flush_at`` > 0 (the
+  router's ``coalesce_flush_at``), ``flush_at`` at a time as soon as that many wait and the rest at the
+  next iteration; each keeps its own id, reply, status and retry. One still waiting to leave when its
+  link fails, or whose send is refused, is ``NotSent``.
   Coalesced replies, which every request says it takes (``FLAG_TAKES_COALESCED``), are taken apart and
   each delivered as a single one.
 - A link connects to the worker's same-host endpoint (``wire.local_endpoint``, an abstract Unix socket)
@@ -205,7 +205,7 @@ class _Link:
         self.draining = False  # the worker answered "draining": send it nothing more
         self.up = asyncio.Event()  # set from a handshake to the next disconnect (``wait_connected``)
         self.look_scheduled = False
-        self.outbox: dict[str, list[Any]] = {}  # request id -> its frames, until this iteration's flush
+        self.outbox: dict[str, list[Any]] = {}  # request id -> its frames, until they leave (``_send``)
         self.flush_scheduled = False
 
     def _configure(self, endpoint: LinkTarget, fwd: Forwarder) -> zmq.asyncio.Socket:
@@ -252,7 +252,7 @@ class Forwarder:
         on_late: Callable[[], None] = lambda: None,
         curve_keypair: tuple[bytes, bytes] | None = None,
         shared_memory: bool = False,
-        flush_at: int = 8,
+        flush_at: int = 0,
     ) -> None:
         if flush_at < 0:
             raise ValueError(f"flush_at: must be >= 0 (0: only at the next loop iteration), got {flush_at}")
@@ -551,7 +551,8 @@ class Forwarder:
                     loop.call_soon(self._flush, context=contextvars.Context())
         self._due_at(loop, loop.time() + timeout_s, entry, link)
         if coalescing and self.flush_at and len(link.outbox) >= self.flush_at:
-            self._send_outbox(link)  # its worker can start on these while this iteration goes on
+            # its worker can start on these while this iteration goes on; in a fresh context, as ``_flush``
+            contextvars.Context().run(self._send_outbox, link)
         try:
             return await future  # its reply, or its deadline (``_expire``) fails it
         except asyncio.CancelledError:  # the client went away: the worker may still be running it
