@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -350,6 +352,27 @@ async def test_a_lent_region_is_spoiled_when_its_last_reply_can_no_longer_come(s
 # -- coalescing: requests for one worker in one loop iteration leave as one message -------------------
 
 
+@contextlib.asynccontextmanager
+async def linked(**options: Any) -> AsyncIterator[tuple[Forwarder, Peer]]:
+    """A forwarder made with ``options``, linked to one fresh peer that takes coalesced messages (the link
+    up once ZMTP's handshake is done); closed afterwards."""
+    ctx = zmq.asyncio.Context()
+    peer = Peer(ctx)
+    fwd = Forwarder(**options)
+    fwd.sync({"w1": WorkerEndpoint("w1", peer.endpoint, zmq_features=BATCH)})
+    try:
+        for _ in range(200):
+            if fwd.link_ok("w1"):
+                break
+            await asyncio.sleep(0.01)
+        assert fwd.link_ok("w1")
+        yield fwd, peer
+    finally:
+        await fwd.close()
+        peer.sock.close(0)
+        ctx.term()
+
+
 async def raw_message(peer: Peer) -> tuple[bytes, tensor_pb2.TensorHeader, list[bytes]]:
     identity, *frames = await asyncio.wait_for(peer.sock.recv_multipart(), 5)
     return identity, wire.parse_header(frames[0]), frames[1:]
@@ -393,15 +416,7 @@ async def test_requests_of_one_iteration_leave_coalesced_and_each_gets_its_own_r
 async def test_a_full_outbox_leaves_at_once_and_the_rest_at_the_next_iteration(flush_at, early, sizes):
     """``flush_at`` requests waiting for one worker leave without waiting for the iteration to end, so the
     worker starts on them sooner; what is left leaves at the next iteration; 0 keeps them all for it."""
-    ctx = zmq.asyncio.Context()
-    peer = Peer(ctx)
-    fwd = Forwarder(flush_at=flush_at)
-    fwd.sync({"w1": WorkerEndpoint("w1", peer.endpoint, zmq_features=BATCH)})
-    try:
-        for _ in range(200):  # the handshake: the link is up once the peer answered ZMTP
-            if fwd.link_ok("w1"):
-                break
-            await asyncio.sleep(0.01)
+    async with linked(flush_at=flush_at) as (fwd, peer):
         headers = [request(fwd) for _ in range(10)]
         sending = [asyncio.create_task(fwd.send("w1", h, {"X": X}, timeout_s=5)) for h in headers]
         await asyncio.sleep(0)  # every send ran in this one iteration: full outboxes left during it
@@ -420,25 +435,13 @@ async def test_a_full_outbox_leaves_at_once_and_the_rest_at_the_next_iteration(f
         results = await asyncio.wait_for(asyncio.gather(*sending), 5)
         assert [m.header.request_id for m in results] == ids
         assert fwd.loads["w1"] == 0
-    finally:
-        await fwd.close()
-        peer.sock.close(0)
-        ctx.term()
 
 
 async def test_requests_whose_early_send_is_refused_fail_not_sent_the_callers_too(monkeypatch):
     """A full outbox sent during the iteration and refused by the socket: each of its requests fails
     ``NotSent`` (they never left), the one whose send filled it included; none stays counted or due,
     and the link takes the next request as before."""
-    ctx = zmq.asyncio.Context()
-    peer = Peer(ctx)
-    fwd = Forwarder(flush_at=4)
-    fwd.sync({"w1": WorkerEndpoint("w1", peer.endpoint, zmq_features=BATCH)})
-    try:
-        for _ in range(200):
-            if fwd.link_ok("w1"):
-                break
-            await asyncio.sleep(0.01)
+    async with linked(flush_at=4) as (fwd, peer):
         link = fwd._links["w1"]
 
         def refuse(*args: object, **kwargs: object) -> None:
@@ -459,10 +462,6 @@ async def test_requests_whose_early_send_is_refused_fail_not_sent_the_callers_to
         assert got.request_id == header.request_id
         await peer.reply(identity, ok_reply(got), [])
         assert (await asyncio.wait_for(answered, 5)).header.request_id == header.request_id
-    finally:
-        await fwd.close()
-        peer.sock.close(0)
-        ctx.term()
 
 
 @pytest.mark.parametrize("value", ["0", "3"])
@@ -481,15 +480,7 @@ def test_a_negative_flush_at_is_refused():
 
 
 async def test_a_request_still_waiting_to_leave_when_its_link_fails_was_not_sent():
-    ctx = zmq.asyncio.Context()
-    peer = Peer(ctx)
-    fwd = Forwarder()
-    fwd.sync({"w1": WorkerEndpoint("w1", peer.endpoint, zmq_features=BATCH)})
-    try:
-        for _ in range(200):  # the handshake: the link is up once the peer answered ZMTP
-            if fwd.link_ok("w1"):
-                break
-            await asyncio.sleep(0.01)
+    async with linked() as (fwd, _peer):
         sending = [asyncio.create_task(fwd.send("w1", request(fwd), {"X": X}, timeout_s=5)) for _ in range(3)]
         await asyncio.sleep(0)  # the sends ran: their requests wait for this iteration's flush
         assert fwd.loads["w1"] == 3
@@ -497,10 +488,6 @@ async def test_a_request_still_waiting_to_leave_when_its_link_fails_was_not_sent
         for task in sending:
             with pytest.raises(NotSent, match="before the request was sent"):  # not MayHaveStarted
                 await task
-    finally:
-        await fwd.close()
-        peer.sock.close(0)
-        ctx.term()
 
 
 async def test_coalesced_replies_that_do_not_add_up_fail_each_request_at_once(setup):
