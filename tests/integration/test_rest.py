@@ -164,6 +164,29 @@ def test_malformed_bodies_are_400s_naming_the_fault(rest):
     assert got == 400 and "parameters must be a JSON object" in json.loads(raw)["error"]
 
 
+def test_non_finite_numbers_and_text_past_ascii_cross_the_json_both_ways(rest, repo):
+    """NaN and Infinity literals in a request are read; a model's non-finite outputs are written as NaN
+    (as Triton's REST API writes them, never as null); a request id past ASCII comes back as sent; a
+    finite reply is plain JSON."""
+    url, _ = rest
+    path = "/v2/models/demo-mlp/versions/1/infer"
+    for rid, x in (("réq ✓ 1", X[:1].copy()), ("réq ✓ 2", X[:2].copy())):
+        if rid.endswith("2"):
+            x[0, 0], x[0, 1] = np.nan, np.inf  # row 0's outputs turn non-finite, row 1's stay as they were
+        tensor = {"name": "INPUT0", "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}
+        body = json.dumps({"id": rid, "inputs": [tensor]}).encode()  # NaN, Infinity as literals
+        got, _, raw = _http(url, "POST", path, body, {"Content-Type": "application/json"})
+        assert got == 200, raw
+        assert b"null" not in raw and (b"NaN" in raw) == rid.endswith("2")
+        doc = json.loads(raw)
+        assert doc["id"] == rid
+        [out] = [o for o in doc["outputs"] if o["name"] == "OUTPUT0"]
+        values = np.array(out["data"], dtype=np.float32).reshape(out["shape"])
+        want = mlp_reference(repo, "demo-mlp", "1", x)
+        np.testing.assert_allclose(values, want, rtol=1e-5, equal_nan=True)
+        assert np.isfinite(values[-1]).all()
+
+
 def test_the_binary_extension_frames_the_reply(rest, repo):
     url, _ = rest
     tensor = {

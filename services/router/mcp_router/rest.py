@@ -41,6 +41,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import numpy as np
+import orjson
 from aiohttp import web
 from google.protobuf import json_format
 
@@ -391,12 +392,44 @@ def _names(request: web.Request) -> tuple[str, str]:
     return request.match_info.get("model", ""), request.match_info.get("version", "")
 
 
+# 19 digits in a row: maybe an integer past 64 bits, which orjson reads as a float (18 never are). Found by
+# mapping every digit to 9 (1.4 us for a KServe request here; a regex takes 24)
+_DIGITS_AS_NINE = bytes.maketrans(b"0123456789", b"9" * 10)
+_LONG_DIGITS = b"9" * 19
+
+
+def _loads(raw: bytes) -> Any:
+    """A JSON document, read as the standard library reads it: by orjson (a tenth of the standard library's
+    time for a KServe request here), or by the standard library where orjson would read it otherwise
+    (integers past 64 bits) or refuses it (``NaN``, ``Infinity`` and numbers past the float range, a BOM,
+    UTF-16 or UTF-32, lone surrogates, nesting past 1,024), so what is accepted, and the error for what is
+    not, stay the standard library's."""
+    if _LONG_DIGITS not in raw.translate(_DIGITS_AS_NINE):
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(raw)
+
+
+def _dumps(doc: dict[str, Any], *, finite: bool) -> bytes:
+    """``doc`` as compact JSON: by orjson when it writes what the standard library would (it writes a
+    non-finite float as ``null``, so ``finite`` says there is none), else by the standard library, which
+    writes ``NaN`` and ``Infinity`` as Triton's REST API does."""
+    if finite:
+        try:
+            return orjson.dumps(doc)
+        except orjson.JSONEncodeError:  # a string with lone surrogates, an integer past 64 bits
+            pass
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
 async def _json_body(request: web.Request, *, allow_empty: bool = False) -> dict[str, Any]:
     raw = await request.read()
     if not raw and allow_empty:
         return {}
     try:
-        body = json.loads(raw)
+        body = _loads(raw)
     except (ValueError, RecursionError) as exc:
         raise InvalidArgument(f"the request body is not JSON ({type(exc).__name__}: {exc})") from None
     if not isinstance(body, dict):
@@ -418,7 +451,7 @@ def _split_body(request: web.Request, body: bytes) -> tuple[Any, memoryview]:
         if not 0 <= cut <= len(body):
             raise InvalidArgument(f"{HEADER_LENGTH} is {cut} but the body has {len(body)} bytes")
     try:
-        header = json.loads(view[:cut].tobytes())
+        header = _loads(view[:cut].tobytes())
     except (ValueError, RecursionError) as exc:
         raise InvalidArgument(f"the inference request's JSON does not parse ({type(exc).__name__})") from None
     return header, view[cut:]
@@ -560,6 +593,7 @@ def _encode_result(
 ) -> web.Response:
     names = [n for n in requested if n in result.outputs] if requested else list(result.outputs)
     outputs, blobs = [], []
+    finite = True  # every float written as JSON data is (``_dumps``)
     for name in names:
         array = result.outputs[name]
         try:
@@ -582,12 +616,14 @@ def _encode_result(
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
+            if array.dtype.kind == "f" and finite:
+                finite = bool(np.isfinite(array).all())
             entry["data"] = strings if strings is not None else array.reshape(-1).tolist()
         outputs.append(entry)
     doc: dict[str, Any] = {"model_name": result.model, "model_version": result.version, "outputs": outputs}
     if request_id:
         doc["id"] = request_id
-    head = json.dumps(doc, separators=(",", ":")).encode()
+    head = _dumps(doc, finite=finite)
     if not blobs:
         return web.Response(body=head, content_type="application/json")
     return web.Response(
