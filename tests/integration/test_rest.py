@@ -157,6 +157,10 @@ def test_malformed_bodies_are_400s_naming_the_fault(rest):
     assert got == 400 and "Inference-Header-Content-Length is 999999" in json.loads(raw)["error"]
     got, _, raw = _http(url, "POST", path, b"[" * 100_000 + b"]" * 100_000)  # nested past the parser's depth
     assert got == 400 and "does not parse" in json.loads(raw)["error"]
+    nested = b'{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,64],"data":[1]}],"parameters":'
+    for depth in (1000, 1020):  # past the standard library's depth, not orjson's: refused all the same
+        got, _, raw = _http(url, "POST", path, nested + b'{"p":' * depth + b"1" + b"}" * (depth + 1))
+        assert got == 400 and "does not parse" in json.loads(raw)["error"], raw
     huge = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [0, 10**20], "data": []}]}
     got, _, raw = _http(url, "POST", path, json.dumps(huge).encode())
     assert got == 400 and "is too large" in json.loads(raw)["error"]

@@ -52,14 +52,15 @@ def test_a_document_reads_as_the_standard_library_reads_it(doc):
 
 
 def test_what_neither_reads_is_refused_with_the_standard_librarys_error():
-    for raw in (b"{not json", b"[1,2,]", b"", b'{"a": 1e5'):
+    deep = b'{"a":' * 1000 + b"1" + b"}" * 1000  # orjson reads 1,024 levels; the standard library fewer
+    for raw in (b"{not json", b"[1,2,]", b"", b'{"a": 1e5', b"[" * 1000 + b"]" * 1000, deep):
         try:
             json.loads(raw)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             want = f"{type(exc).__name__}: {exc}"
         try:
             _loads(raw)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             assert f"{type(exc).__name__}: {exc}" == want
         else:
             raise AssertionError(f"{raw!r} was read")

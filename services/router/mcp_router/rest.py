@@ -392,19 +392,24 @@ def _names(request: web.Request) -> tuple[str, str]:
     return request.match_info.get("model", ""), request.match_info.get("version", "")
 
 
-# 19 digits in a row: maybe an integer past 64 bits, which orjson reads as a float (18 never are). Found by
-# mapping every digit to 9 (1.4 us for a KServe request here; a regex takes 24)
-_DIGITS_AS_NINE = bytes.maketrans(b"0123456789", b"9" * 10)
+# What orjson would read otherwise, found in one pass that maps every digit to 9 and "{" to "[" (1.4 us for
+# a KServe request here; a regex takes 24): 19 digits in a row, maybe an integer past 64 bits, which
+# orjson reads as a float (18 never are); and enough brackets to nest past where the standard library
+# stops (Python's recursion limit less the frames above it: ~890 levels here), which orjson reads up to
+# 1,024 levels deep and whose values then break whatever recurses over them.
+_NORMALISED = bytes.maketrans(b"0123456789{", b"9999999999[")
 _LONG_DIGITS = b"9" * 19
+_MANY_BRACKETS = 256
 
 
 def _loads(raw: bytes) -> Any:
     """A JSON document, read as the standard library reads it: by orjson (a tenth of the standard library's
     time for a KServe request here), or by the standard library where orjson would read it otherwise
-    (integers past 64 bits) or refuses it (``NaN``, ``Infinity`` and numbers past the float range, a BOM,
-    UTF-16 or UTF-32, lone surrogates, nesting past 1,024), so what is accepted, and the error for what is
-    not, stay the standard library's."""
-    if _LONG_DIGITS not in raw.translate(_DIGITS_AS_NINE):
+    (integers past 64 bits; 256 brackets or more, which may nest deeper than the standard library reads)
+    or refuses it (``NaN``, ``Infinity`` and numbers past the float range, a BOM, UTF-16 or UTF-32, lone
+    surrogates), so what is accepted, and the error for what is not, stay the standard library's."""
+    normalised = raw.translate(_NORMALISED)
+    if _LONG_DIGITS not in normalised and normalised.count(b"[") < _MANY_BRACKETS:
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError:
