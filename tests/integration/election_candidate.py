@@ -15,9 +15,15 @@ from mcpcore.etcd_store import EtcdStore
 
 async def main(endpoint: str, key: str, candidate: str, ttl: int) -> None:
     async with EtcdStore([endpoint]) as store:
-        election = LeaderElection(store, key, candidate, ttl=ttl)
+        leading = asyncio.Event()
+
+        async def on_change(lead: bool) -> None:
+            if lead:
+                leading.set()
+
+        election = LeaderElection(store, key, candidate, ttl=ttl, on_change=on_change)
         await election.start()
-        await election.wait_leader()
+        await leading.wait()
         print("leader", flush=True)
         await asyncio.Event().wait()
 

@@ -174,7 +174,7 @@ async def test_killed_leader_process_is_replaced_within_the_ttl(
 async def test_leader_cut_off_from_etcd_steps_down_before_its_lease_expires(candidates, restartable_etcd):
     ttl = 1
     (c,) = await candidates(1, ttl=ttl, endpoint=restartable_etcd.endpoint)
-    await c.election.wait_leader()
+    await until(lambda: c.election.is_leader, "the only candidate to lead")
 
     stopped_at = time.monotonic()
     restartable_etcd.kill()
@@ -185,7 +185,7 @@ async def test_leader_cut_off_from_etcd_steps_down_before_its_lease_expires(cand
     assert "election.refresh" in c.errors
 
     restartable_etcd.start()  # the old key lives on until its lease expires; then it wins again
-    await asyncio.wait_for(c.election.wait_leader(), ttl + 10.0)
+    await until(lambda: c.election.is_leader, "the candidate to lead again", ttl + 10.0)
     await until(lambda: c.changes == [True, False, True], "on_change(True) again")
 
 
@@ -199,17 +199,15 @@ async def test_stop_releases_the_key_and_leaves_no_task(candidates, store) -> No
     assert asyncio.all_tasks() == {asyncio.current_task()}
     with pytest.raises(errors.FailedPrecondition):
         await a.election.start()
-    with pytest.raises(errors.FailedPrecondition):
-        await a.election.wait_leader()
 
 
 async def test_a_resigned_candidate_can_campaign_again(candidates) -> None:
     (c,) = await candidates(1)
-    await c.election.wait_leader()
+    await until(lambda: c.election.is_leader, "the only candidate to lead")
     await c.election.resign()
     assert c.changes == [True, False] and c.election.leader is None
     await c.election.start()
-    await asyncio.wait_for(c.election.wait_leader(), 2.0)
+    await until(lambda: c.election.is_leader, "the candidate to lead again", 2.0)
     assert c.changes == [True, False, True]
 
 

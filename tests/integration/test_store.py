@@ -124,17 +124,17 @@ async def test_put_under_an_unknown_lease_is_not_found(store: EtcdStore, key_pre
 # --- transactions --------------------------------------------------------------------------------
 
 
-async def test_compare_and_put_on_mod_revision(store: EtcdStore, key_prefix: str) -> None:
+async def test_a_txn_compares_the_mod_revision(store: EtcdStore, key_prefix: str) -> None:
     key = key_prefix + "cas"
-    created = await store.compare_and_put(key, b"v1", mod_revision=0)
+    created = await store.txn([Compare(key, 0)], [Put(key, b"v1")])
     assert created.succeeded
-    again = await store.compare_and_put(key, b"v1-again", mod_revision=0)
+    again = await store.txn([Compare(key, 0)], [Put(key, b"v1-again")])
     assert not again.succeeded, "Compare(key, 0) means the key must not exist"
     assert again.revision >= created.revision
 
-    updated = await store.compare_and_put(key, b"v2", mod_revision=created.revision)
+    updated = await store.txn([Compare(key, created.revision)], [Put(key, b"v2")])
     assert updated.succeeded and updated.revision > created.revision
-    stale = await store.compare_and_put(key, b"v3", mod_revision=created.revision)
+    stale = await store.txn([Compare(key, created.revision)], [Put(key, b"v3")])
     assert not stale.succeeded
     got = await store.get(key)
     assert got is not None and (got.value, got.mod_revision) == (b"v2", updated.revision)
@@ -159,14 +159,14 @@ async def test_txn_applies_all_or_nothing(store: EtcdStore, key_prefix: str) -> 
     assert (await store.get_prefix(c)).items == ()
 
 
-async def test_racing_compare_and_puts_exactly_one_wins(
+async def test_racing_txns_on_one_revision_exactly_one_wins(
     store: EtcdStore, etcd_endpoint: str, key_prefix: str
 ) -> None:
     key = key_prefix + "race"
     rev = await store.put(key, b"start")
     async with EtcdStore([etcd_endpoint]) as other:
         racers = [
-            s.compare_and_put(key, f"writer-{i}".encode(), mod_revision=rev)
+            s.txn([Compare(key, rev)], [Put(key, f"writer-{i}".encode())])
             for i, s in enumerate([store, other] * 4)
         ]
         results = await asyncio.gather(*racers)

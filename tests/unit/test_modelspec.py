@@ -119,7 +119,7 @@ def test_full_schema() -> None:
     data["max_ongoing_requests"] = 32
     cfg = parse(data, version="2")
     assert cfg.fallback_version == "1" and cfg.max_ongoing_requests == 32
-    assert cfg.qos == QoS(0.9, ("RANK0",)) and cfg.primary_outputs == ("OUTPUT0",)
+    assert cfg.qos == QoS(0.9, ("RANK0",))
     assert (cfg.encrypted, cfg.key_id, cfg.instance_count, cfg.priority) == (True, "key-2024", 2, 3)
     assert cfg.dynamic_batching is not None and cfg.dynamic_batching.default_priority_level == 2
     assert cfg.layers[-1] == Layer("sleep", ms=2.0, output="RANK0")

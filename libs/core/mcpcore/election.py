@@ -113,20 +113,6 @@ class LeaderElection:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name=f"election {self.key} {self.candidate}")
 
-    async def wait_leader(self) -> None:
-        """Return once this candidate leads; raise ``FailedPrecondition`` if campaigning stops first."""
-        while not self.is_leader:
-            task = self._task
-            if task is None or task.done():
-                raise errors.FailedPrecondition(
-                    f"{self.candidate} is not campaigning for {self.key!r}: call start() first"
-                )
-            leading = asyncio.ensure_future(self._leading.wait())
-            try:
-                await asyncio.wait([task, leading], return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                leading.cancel()
-
     async def resign(self) -> None:
         """Step down if leading and stop campaigning; the lease is revoked, so the key goes at once."""
         if self._task is not None and self._task is asyncio.current_task():

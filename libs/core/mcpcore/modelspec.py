@@ -178,11 +178,6 @@ class ModelConfig:
         if not self.device:  # built in code, not from a model.yaml: where its backend runs by default
             object.__setattr__(self, "device", BACKEND_DEVICES.get(self.backend, DEVICES)[0])
 
-    @property
-    def primary_outputs(self) -> tuple[str, ...]:
-        """The outputs breaker level 2 never drops."""
-        return tuple(t.name for t in self.outputs if t.name not in self.qos.secondary_features)
-
 
 # --- validation helpers -----------------------------------------------------------------------------------
 

@@ -165,12 +165,6 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def txn(self, compares: Sequence[Compare], on_success: Sequence[Put | Delete]) -> TxnResult: ...
 
-    async def compare_and_put(
-        self, key: str, value: bytes, *, mod_revision: int, lease: int = 0
-    ) -> TxnResult:
-        """Put only if ``key`` is still at ``mod_revision`` (0: only if it does not exist)."""
-        return await self.txn([Compare(key, mod_revision)], [Put(key, value, lease)])
-
     @abc.abstractmethod
     async def grant_lease(self, ttl: int) -> Lease: ...
 
