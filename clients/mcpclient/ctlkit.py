@@ -5,7 +5,7 @@ Invariants:
 - A command never prints an error itself and never exits: it raises. ``mcpctl.main`` turns what it raises
   into exactly one line on stderr and an exit code (``exit_code``); a ``Failure`` carries its own code.
 - Every gRPC call has a deadline, and its ``grpc.RpcError`` becomes an ``MCPError`` through
-  ``mcpcore.errors.from_rpc_error`` (the one client table), here and nowhere else in the CLI.
+  ``mcpcore.transport.grpc_status.from_rpc_error`` (the one client table), here and nowhere else in the CLI.
 - ``-o json`` writes one JSON document on stdout (``status --watch``: one per line, per refresh) and
   nothing else there; progress displays and notes go to stderr.
 - Addresses come from the group's options (``mcpctl --scheduler ... status``), which take their defaults
@@ -28,10 +28,11 @@ import grpc
 from rich.console import Console, RenderableType
 
 from mcpapi.v2 import control_pb2_grpc, health_pb2_grpc, inference_pb2_grpc
-from mcpcore.errors import MCPError, from_rpc_error
+from mcpcore.errors import MCPError
 from mcpcore.etcd_store import EtcdAuth
 from mcpcore.tls import TLSConfig
 from mcpcore.tls import channel as tls_channel
+from mcpcore.transport.grpc_status import from_rpc_error
 
 __all__ = [
     "EXIT_FAILED",

@@ -28,9 +28,10 @@ from mcp_router.dataplane import (
     RouteDecision,
     TensorMeta,
 )
-from mcp_router.kserve import KServeServicer
+from mcp_router.frontends.kserve_grpc import KServeServicer
 from mcpapi.kserve import grpc_service_pb2_grpc
-from mcpcore.errors import GuardedServer, InvalidArgument, NotFound
+from mcpcore.errors import InvalidArgument, NotFound
+from mcpcore.transport.guarded import GuardedServer
 
 SEED = 20240611
 INPUT = TensorMeta("INPUT0", "FP32", (-1, 64))

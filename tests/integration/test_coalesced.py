@@ -22,7 +22,7 @@ from mcpcore import wire
 from mcpcore.errors import InvalidArgument, Unavailable
 from mcpcore.keys import Keyspace
 
-CODE = {cls: cls.code.value[0] for cls in (InvalidArgument, Unavailable)}
+CODE = {cls: int(cls.code) for cls in (InvalidArgument, Unavailable)}
 ROWS = [np.full((1, 64), i / 10, np.float32) for i in range(6)]
 
 
@@ -233,27 +233,24 @@ def test_a_request_id_already_in_flight_is_refused_and_costs_no_ticket(small):
 
 
 async def test_stopping_ends_a_wait_for_idle_and_sends_the_replies_made(tmp_path):
-    """A request started without a task, held by its model, when the server stops: a wait for idle
-    ends then (not at its timeout), and an answered request's coalesced reply still goes."""
+    """A request held by its model when the server stops: a wait for idle ends then (not at its
+    timeout), and an answered request's coalesced reply still goes."""
     import zmq.asyncio  # noqa: PLC0415
 
-    from mcp_worker.zmq_server import TensorServer  # noqa: PLC0415
+    from mcp_worker.tensor_server.server import TensorServer  # noqa: PLC0415
 
     loop = asyncio.get_running_loop()
     taken = asyncio.Event()
     one = np.ones(1, np.float32)
 
-    def start(msg: wire.Message, done):  # type: ignore[no-untyped-def]
+    def start(msg: wire.Message, partial, done):  # type: ignore[no-untyped-def]
         if msg.header.request_id == "quick":
             loop.call_soon(done, ("1", {"Y": one}))
         else:
             taken.set()  # its model never answers
         return lambda: None
 
-    async def handler(msg, partial):  # type: ignore[no-untyped-def]
-        raise AssertionError("no request here needs a task")
-
-    srv = TensorServer(f"ipc://{tmp_path}/t.sock", handler, start=start)
+    srv = TensorServer(f"ipc://{tmp_path}/t.sock", start)
     await srv.start()
     ctx = zmq.asyncio.Context()
     sock = ctx.socket(zmq.DEALER)

@@ -1,7 +1,8 @@
 """The error table through both front doors: each MCPError a client can cause is driven through a real
 router's KServe V2 gRPC and REST doors, which must answer the class's gRPC status, the HTTP status
-``mcpcore.errors.HTTP_STATUS`` gives it (README, "The router"), the same message, and then go on serving
-as before (the index, the shared memory regions and a good inference are what they were).
+``mcpcore.transport.http_status.HTTP_STATUS`` gives it (README, "The router"), the same message, and
+then go on serving as before (the index, the shared memory regions and a good inference are what they
+were).
 
 One row per fault in ``ROWS``; a class without one is in ``NO_ROW`` with the reason. Rows that need a
 model the demo repository lacks get it here: weights that do not parse (DataLoss) and an ONNX export that
@@ -49,6 +50,8 @@ from mcpcore.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from mcpcore.transport.grpc_status import to_grpc
+from mcpcore.transport.http_status import http_status
 
 X = np.random.default_rng(11).standard_normal((2, 64), dtype=np.float32)
 GRPC_LIMIT = 64 << 20  # the router's gRPC receive limit, and its default rest_max_body_bytes
@@ -345,8 +348,8 @@ def test_each_error_gets_its_status_and_message_through_both_doors(doors, repo, 
         status, raw = _http(doors.rest, row.call.http())
         wait_for(lambda: _state(doors) == before, what="the index and regions as they were")
     code, said = info.value.code(), info.value.details()
-    assert code == row.error.code, f"{code.name}: {said}"
-    assert status == (row.http or errors.http_status(row.error.code)), raw
+    assert code == to_grpc(row.error.code), f"{code.name}: {said}"
+    assert status == (row.http or http_status(row.error.code)), raw
     answered = json.loads(raw)["error"]
     assert row.words in said and row.words in answered, (said, answered)
     if row.same_text:

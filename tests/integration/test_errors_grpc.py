@@ -1,5 +1,6 @@
 """Each MCPError reaches a real gRPC client as its status, through a grpc.aio server whose handlers were
-registered through ``GuardedServer`` (as every service's are, by ``GrpcService.add``)."""
+registered through ``GuardedServer`` (as every service's are, by ``GrpcService.add``), and comes back
+through the client table (``grpc_status.from_rpc_error``) as the same class."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import grpc.aio
 import pytest
 
 from mcpcore import errors
+from mcpcore.transport import grpc_status
+from mcpcore.transport.guarded import GuardedServer
 
 SERVICE = "mcptest.Errors"
 ALL_ERRORS = sorted(errors.CODE_TO_ERROR.values(), key=lambda c: c.__name__)
@@ -25,6 +28,8 @@ def _raise_named(request: bytes) -> bytes:
         raise RuntimeError("secret internal detail")
     if name == "NotStartedUnavailable":
         raise errors.not_started(errors.Unavailable("not started: send it elsewhere"))
+    if name == "OutOfRange":  # a code with no class of its own (a worker's, passed on by the scheduler)
+        raise errors.error_for_code(errors.Code.OUT_OF_RANGE, "past the end")
     raise getattr(errors, name)(f"{name} happened: do X")
 
 
@@ -60,7 +65,7 @@ def server_address():
 
     async def start() -> tuple[grpc.aio.Server, int]:
         server = grpc.aio.server()
-        errors.GuardedServer(server).add_registered_method_handlers(SERVICE, _aio_handlers())
+        GuardedServer(server).add_registered_method_handlers(SERVICE, _aio_handlers())
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         return server, port
@@ -89,9 +94,9 @@ def _call(channel: grpc.Channel, method: str, payload: str):
 def test_each_error_maps_to_its_status(channel, cls, method):
     with pytest.raises(grpc.RpcError) as info:
         _call(channel, method, cls.__name__)
-    assert info.value.code() == cls.code
+    assert info.value.code() == grpc_status.to_grpc(cls.code)
     assert info.value.details() == f"{cls.__name__} happened: do X"
-    back = errors.from_rpc_error(info.value)
+    back = grpc_status.from_rpc_error(info.value)
     assert type(back) is cls
     assert back.message == f"{cls.__name__} happened: do X"
 
@@ -101,7 +106,7 @@ def test_each_error_maps_on_a_stream(channel, cls):
     call = channel.unary_stream(f"/{SERVICE}/Stream")(cls.__name__.encode(), timeout=5)
     with pytest.raises(grpc.RpcError) as info:
         assert list(call) == [b"first"]
-    assert info.value.code() == cls.code
+    assert info.value.code() == grpc_status.to_grpc(cls.code)
 
 
 def test_unexpected_error_is_internal_and_hides_details(channel, caplog):
@@ -110,6 +115,14 @@ def test_unexpected_error_is_internal_and_hides_details(channel, caplog):
     assert info.value.code() == grpc.StatusCode.INTERNAL
     assert "secret" not in info.value.details()
     assert info.value.details() == errors.GENERIC_INTERNAL
+
+
+def test_a_code_with_no_class_keeps_its_status(channel):
+    with pytest.raises(grpc.RpcError) as info:
+        _call(channel, "Unary", "OutOfRange")
+    assert info.value.code() == grpc.StatusCode.OUT_OF_RANGE
+    assert info.value.details() == "past the end"
+    assert grpc_status.from_rpc_error(info.value).code is errors.Code.OUT_OF_RANGE
 
 
 def test_success_passes_through(channel):
@@ -127,10 +140,12 @@ def test_a_not_started_error_says_so_in_trailing_metadata(channel):
     with pytest.raises(grpc.RpcError) as info:
         _call(channel, "Unary", "NotStartedUnavailable")
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert errors.NOT_STARTED_METADATA in tuple(info.value.trailing_metadata())
+    assert grpc_status.NOT_STARTED_METADATA in tuple(info.value.trailing_metadata())
+    assert grpc_status.from_rpc_error(info.value).not_started
     with pytest.raises(grpc.RpcError) as info:
         _call(channel, "Unary", "Unavailable")
-    assert errors.NOT_STARTED_METADATA not in tuple(info.value.trailing_metadata())
+    assert grpc_status.NOT_STARTED_METADATA not in tuple(info.value.trailing_metadata())
+    assert not grpc_status.from_rpc_error(info.value).not_started
 
 
 def test_methods_registered_only_as_generic_handlers_are_not_served():
@@ -139,7 +154,7 @@ def test_methods_registered_only_as_generic_handlers_are_not_served():
     async def main() -> grpc.StatusCode:
         server = grpc.aio.server()
         generic = grpc.method_handlers_generic_handler(SERVICE, _aio_handlers())
-        errors.GuardedServer(server).add_generic_rpc_handlers((generic,))
+        GuardedServer(server).add_generic_rpc_handlers((generic,))
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         try:

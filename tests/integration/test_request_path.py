@@ -34,9 +34,9 @@ from mcpapi.kserve import grpc_service_pb2 as kserve
 from mcpapi.kserve import grpc_service_pb2_grpc as kserve_grpc
 from mcpapi.v2 import control_pb2, control_pb2_grpc, inference_pb2, inference_pb2_grpc, model_pb2
 from mcpcore import dtypes
-from mcpcore.errors import NOT_STARTED_METADATA
 from mcpcore.etcd_store import EtcdStore
 from mcpcore.keys import Keyspace
+from mcpcore.transport.grpc_status import NOT_STARTED_METADATA
 
 X = np.random.default_rng(3).random((2, 64), dtype=np.float32)
 

@@ -25,7 +25,7 @@ from mcpcore import wire
 from mcpcore.errors import DeadlineExceeded, Unavailable
 
 ROW = np.zeros((1, 64), np.float32)
-CODE = {cls: cls.code.value[0] for cls in (Unavailable, DeadlineExceeded)}
+CODE = {cls: int(cls.code) for cls in (Unavailable, DeadlineExceeded)}
 
 
 def _edit(path: Path, change) -> None:  # type: ignore[no-untyped-def]

@@ -8,7 +8,7 @@ hidden behind ``Store``: nothing outside this module imports etcd3aio.
 
 Invariants:
 - No grpc or etcd3aio exception leaves this module: unreachable etcd (refused, reset, deadline) is
-  ``errors.Unavailable`` naming the endpoints; other statuses map through ``errors.error_for_code``.
+  ``errors.Unavailable`` naming the endpoints; other statuses map through ``grpc_status.error_for_status``.
 - Every unary call has a deadline (``timeout``). Only idempotent calls (reads, lease revoke) are retried;
   writes and transactions are sent once, so a lost reply never turns a won compare into a "lost race"
   (a write that failed ``Unavailable`` may still have been applied: re-read before writing again).
@@ -82,6 +82,7 @@ from mcpcore.store import (
     WatchEvent,
 )
 from mcpcore.tls import TLSConfig, aio_channel
+from mcpcore.transport import grpc_status
 
 __all__ = ["EtcdAuth", "EtcdStore"]
 
@@ -306,7 +307,7 @@ class EtcdStore(Store):
                 return self._unavailable(f"{code.name}: {detail}")
             if code == grpc.StatusCode.UNAUTHENTICATED:
                 code = grpc.StatusCode.PERMISSION_DENIED
-            return errors.error_for_code(code, f"etcd at {self._endpoints}: {detail or code.name}")
+            return grpc_status.error_for_status(code, f"etcd at {self._endpoints}: {detail or code.name}")
         if isinstance(exc, TimeoutError):
             return self._unavailable(f"no answer within the {self._timeout:g} s deadline")
         return errors.Internal(f"etcd at {self._endpoints}: {exc}")
@@ -494,7 +495,7 @@ class EtcdStore(Store):
                         yield events
                     resp = await self._read(call)
             except errors.MCPError as exc:
-                if not (exc.retryable or exc.code in _TRANSIENT):
+                if not (exc.retryable or grpc_status.to_grpc(exc.code) in _TRANSIENT):
                     raise
                 level = logging.DEBUG if failing else logging.WARNING
                 log.log(level, "watch on %r interrupted, resuming at revision %d: %s", prefix, next_rev, exc)

@@ -31,7 +31,8 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from mcpcore.errors import Check, PermissionDenied
+from mcpcore.errors import PermissionDenied
+from mcpcore.transport.guarded import Check
 
 __all__ = [
     "CONTROL_METHODS",

@@ -13,7 +13,7 @@ Invariants:
 - A coalesced message (``KIND_BATCH``, DESIGN.md section 3) is ``coalesce``'d from whole single messages
   without parsing or re-serializing their headers, and ``uncoalesce`` parses all of its headers at once
   and gives each its own tensor frames; a receiver then treats each exactly as a single message.
-- A tensor in a same-host sender's shared memory (``TensorSpec.shm``, ``mcpcore.shm``) has no frame:
+- A tensor in a same-host sender's shared memory (``TensorSpec.shm``, ``transport.shm_lease``) has no frame:
   ``encode`` puts there what its ``place`` takes, and ``with_regions`` gives a receiver the frames again
   in the header's order, each such tensor as a view of the memory, so the checks above apply unchanged.
 - This module does no I/O and imports no zmq: frames are anything with the buffer protocol, or objects with
@@ -34,7 +34,7 @@ from google.protobuf.message import DecodeError
 from mcpapi.v2 import tensor_pb2
 from mcpcore import dtypes
 from mcpcore.errors import InvalidArgument, MCPError, ResourceExhausted, error_for_code
-from mcpcore.signature import tensor_name_problem
+from mcpcore.tensor_signature import tensor_name_problem
 
 __all__ = [
     "FEATURE_BATCH",
@@ -84,7 +84,7 @@ FEATURE_BATCH = "batch"
 #: (``local_endpoint``): a sender on the same host reaches it there instead of through TCP.
 FEATURE_LOCAL = "local"
 #: The worker record's ``zmq_features`` entry saying it takes tensors in a sender's shared memory (and
-#: writes outputs into the sender's reply region) from a sender on its local endpoint (``mcpcore.shm``).
+#: writes outputs into the sender's reply region) from a sender on its local endpoint (``shm_lease``).
 FEATURE_SHM = "shm"
 #: What a record offers on its same-host endpoint only: a reader that does not take the offer (its
 #: signature does not verify) drops them all.
@@ -121,7 +121,7 @@ DEFAULT_LIMITS = Limits()
 class Message:
     header: tensor_pb2.TensorHeader
     tensors: tuple[np.ndarray, ...]
-    shared: bool = False  # its request lent the worker shared memory (``mcpcore.shm``)
+    shared: bool = False  # its request lent the worker shared memory (``mcpcore.transport.shm_lease``)
 
     def named(self) -> dict[str, np.ndarray]:
         return {spec.name: arr for spec, arr in zip(self.header.tensors, self.tensors, strict=True)}
@@ -380,7 +380,7 @@ def error_reply(
 
     ``retryable``: the request did not start, so it may go to another worker (``FLAG_RETRYABLE``);
     ``flags`` adds other reply flags (``FLAG_DRAINING``)."""
-    reply = tensor_pb2.TensorHeader(kind=tensor_pb2.KIND_REPLY, status_code=error.code.value[0], flags=flags)
+    reply = tensor_pb2.TensorHeader(kind=tensor_pb2.KIND_REPLY, status_code=int(error.code), flags=flags)
     reply.status_message = error.message
     if request is not None:
         reply.request_id = request.request_id

@@ -10,7 +10,7 @@ Invariants:
   not hold, which is also what a retried Unload sees when its first try got through; callers treat
   NotFound from ``unload`` as "already unloaded".
 - No grpc exception leaves this module: a failed call raises the ``MCPError`` of its status
-  (``errors.from_rpc_error``), its message prefixed with the worker's address and the method, so a
+  (``grpc_status.from_rpc_error``), its message prefixed with the worker's address and the method, so a
   person knows which worker said it.
 - A call made as a leader carries its fencing token in ``metadata``; a worker that knows of a newer leader
   refuses it ``FAILED_PRECONDITION``, which is not retried.
@@ -32,6 +32,7 @@ import grpc.aio
 from mcpapi.v2 import model_pb2, worker_pb2, worker_pb2_grpc
 from mcpcore import errors
 from mcpcore.tls import TLSConfig, aio_channel
+from mcpcore.transport import grpc_status
 
 __all__ = ["Metadata", "WorkerClients", "load_request"]
 
@@ -231,6 +232,6 @@ class WorkerClients:
 
     @staticmethod
     def _error(grpc_addr: str, method: str, exc: grpc.aio.AioRpcError, tries: int) -> errors.MCPError:
-        base = errors.from_rpc_error(exc)
+        base = grpc_status.from_rpc_error(exc)
         after = f" (after {tries} tries)" if tries > 1 else ""
         return errors.error_for_code(base.code, f"worker {grpc_addr} {method}{after}: {base.message}")
