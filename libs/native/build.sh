@@ -21,6 +21,7 @@ CC="${CC:-cc}"
 CXX="${CXX:-c++}"
 CFLAGS_COMMON=(-std=c11 -O2 -g -Wall -Wextra -Werror -pthread -I"$HERE/include")
 SRC="$HERE/src/mempool.c"
+FRONTDOOR_SRC=("$HERE/src/reactor.cc" "$HERE/src/convert.cc" "$HERE/src/server.cc" "$HERE/src/pytype.cc")
 TEST_SRC="$HERE/tests/test_mempool.c"
 
 build_lib() {
@@ -28,7 +29,7 @@ build_lib() {
     local out="$BUILD/libmcp_mempool.so"
     local tmp
     tmp="$(mktemp "$BUILD/.libmcp_mempool.so.XXXXXX")"
-    "$CC" "${CFLAGS_COMMON[@]}" -fPIC -shared -o "$tmp" "$SRC"
+    "$CC" "${CFLAGS_COMMON[@]}" -fPIC -shared -o "$tmp" "$SRC" || { rm -f "$tmp"; return 1; }
     chmod 755 "$tmp" # mktemp made it 0600: a library others (a container's service user) load
     mv -f "$tmp" "$out"
     echo "built $out"
@@ -41,10 +42,13 @@ build_frontdoor() {
     includes="$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
     out="$HERE/mcp_native/_frontdoor$suffix"
     tmp="$(mktemp "$HERE/mcp_native/._frontdoor.XXXXXX")"
+    # hidden visibility and the version script: the module exports PyInit__frontdoor alone, so the
+    # grpcio wheel's grpc core in the same process never binds to it (tests/integration/test_grpc_cores.py)
     # shellcheck disable=SC2046  # pkg-config's flags are words
     "$CXX" -std=c++17 -O2 -g -Wall -Wextra -Werror -Wno-missing-field-initializers -fPIC -shared \
-        -fvisibility=hidden -I"$includes" $(pkg-config --cflags grpc++) -o "$tmp" "$HERE/src/frontdoor.cc" \
-        $(pkg-config --libs grpc++)
+        -fvisibility=hidden -fvisibility-inlines-hidden -Wl,--version-script="$HERE/src/frontdoor.map" \
+        -I"$includes" $(pkg-config --cflags grpc++) -o "$tmp" "${FRONTDOOR_SRC[@]}" $(pkg-config --libs grpc++) ||
+        { rm -f "$tmp"; return 1; } # a failed build leaves no temporary file behind
     chmod 755 "$tmp"
     mv -f "$tmp" "$out"
     echo "built $out"

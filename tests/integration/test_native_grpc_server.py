@@ -1,130 +1,59 @@
-"""mcp_native.grpc_server: the router's grpc++ front door answers like grpc.aio, call by call.
+"""The gRPC conformance suite: the router's grpc++ front door (``mcp_native.grpc_server``) answers as
+grpc.aio does, call by call, so every test here runs on both transports with the same assertions.
 
-Each test runs the real server (``GrpcService`` with ``NativeServer``, as the router makes it) on a free
-port and calls it with grpc's own clients: replies, statuses, metadata both ways, deadlines and
-cancellation reaching the handler, the call limit, size limits, streams both ways with back-pressure,
-replies sent from Python's memory (and let go of), TLS with the caller's certificate name, and a
-graceful stop that lets a call in flight finish. The router's own tests (KServe, REST, security,
-tracing) run through this server too: it is the router's default.
+Each test runs the real server (``GrpcService`` with the transport's ``RpcServer``, as the services make
+it) on a free port and calls it with grpc's own clients: replies, statuses, metadata both ways, deadlines
+and cancellation reaching the handler, the call limit, size limits, streams both ways with
+back-pressure, large replies (sent from Python's memory on the native side, and let go of), TLS with the
+caller's certificate name, graceful and forced stops. Hostile callers and broken handlers:
+``test_native_grpc_hostile.py``. The router's own tests (KServe, REST, security, tracing) run through the
+native server too: it is the router's default.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import socket
-import struct
 from pathlib import Path
 
 import grpc
 import grpc.aio
 import numpy as np
 import pytest
+from grpc_conformance import (
+    SERVICE,
+    TRANSPORTS,
+    Behaviour,
+    answers_again,
+    make_certs,
+    method,
+    serve,
+    serve_one,
+    until,
+)
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from harness import RouterProcess, small_mesh, wait_for
 
-from mcp_native.grpc_server import MAX_WRITES_QUEUED, STOP_MARGIN_S, NativeServer
+from mcp_native.grpc_server import MAX_WRITES_QUEUED, NativeServer
 from mcpapi.kserve import grpc_service_pb2 as kserve_pb
 from mcpapi.kserve import grpc_service_pb2_grpc as kserve_grpc
-from mcpcore.serving import GrpcService, Parts
-from mcpcore.tls import TLSConfig, peer_names
-
-ROOT = Path(__file__).resolve().parents[2]
-SERVICE = "t.Native"
+from mcpcore.call_context import CallContext, RpcServer
+from mcpcore.serving import AioServer, GrpcService, Parts, join_parts
+from mcpcore.tls import TLSConfig
 
 
-class Behaviour:
-    """The test service: bytes in, bytes out (no codecs), with probes into what the handler saw."""
-
-    def __init__(self) -> None:
-        self.cancelled = asyncio.Event()
-        self.entered = asyncio.Event()
-        self.release = asyncio.Event()
-        self.seen_metadata: tuple = ()
-        self.seen_remaining: float | None = None
-        self.seen_names: set[str] = set()
-        self.big = bytearray(b"\x07" * (1 << 20))
-
-    async def echo(self, request: bytes, context) -> bytes:
-        self.seen_metadata = context.invocation_metadata()
-        self.seen_remaining = context.time_remaining()
-        context.set_trailing_metadata((("x-trailer", "t1"), ("x-bin", b"\x00\xff")))
-        return b"echo:" + request
-
-    async def status(self, request: bytes, context) -> bytes | None:
-        if request == b"abort":
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "aborted on purpose")
-        if request == b"raise":
-            raise RuntimeError("the handler broke")
-        context.set_code(grpc.StatusCode.NOT_FOUND)
-        context.set_details("no such thing")
-        return None
-
-    async def wait(self, request: bytes, context) -> bytes:
-        self.entered.set()
-        try:
-            await self.release.wait()
-        except asyncio.CancelledError:
-            self.cancelled.set()
-            raise
-        return b"released"
-
-    async def big_reply(self, request: bytes, context) -> Parts:
-        return Parts([b"head:", memoryview(self.big), b":tail"])
-
-    async def who(self, request: bytes, context) -> bytes:
-        self.seen_names = peer_names(context.auth_context())
-        return ",".join(sorted(self.seen_names)).encode()
-
-    async def count(self, request: bytes, context):
-        for i in range(int(request)):
-            yield str(i).encode()
-
-    async def total(self, requests, context) -> bytes:
-        return str(sum([int(r) async for r in requests])).encode()
-
-    async def chat(self, requests, context):
-        async for r in requests:
-            yield b"re:" + r
+@pytest.fixture(params=sorted(TRANSPORTS))
+def transport(request: pytest.FixtureRequest) -> type[RpcServer]:
+    """The server under test: grpc.aio (the reference) or the grpc++ front door."""
+    return TRANSPORTS[request.param]
 
 
-def handlers(b: Behaviour) -> dict[str, grpc.RpcMethodHandler]:
-    return {
-        "Echo": grpc.unary_unary_rpc_method_handler(b.echo),
-        "Status": grpc.unary_unary_rpc_method_handler(b.status),
-        "Wait": grpc.unary_unary_rpc_method_handler(b.wait),
-        "Big": grpc.unary_unary_rpc_method_handler(b.big_reply),
-        "Who": grpc.unary_unary_rpc_method_handler(b.who),
-        "Count": grpc.unary_stream_rpc_method_handler(b.count),
-        "Total": grpc.stream_unary_rpc_method_handler(b.total),
-        "Chat": grpc.stream_stream_rpc_method_handler(b.chat),
-    }
+def test_both_servers_are_rpc_servers():
+    assert issubclass(AioServer, RpcServer) and issubclass(NativeServer, RpcServer)
 
 
-async def serve(
-    b: Behaviour, *, tls: TLSConfig | None = None, max_calls: int | None = None, max_receive: int = 1 << 20
-) -> tuple[GrpcService, int]:
-    service = GrpcService(
-        [SERVICE],
-        server_factory=NativeServer,
-        maximum_concurrent_rpcs=max_calls,
-        tls=tls,
-        options=[("grpc.max_receive_message_length", max_receive), ("grpc.max_send_message_length", 8 << 20)],
-    )
-    assert isinstance(service.server, NativeServer)
-    service.server.add_registered_method_handlers(SERVICE, handlers(b))
-    port = await service.start("127.0.0.1", 0)
-    await service.set_serving()
-    return service, port
-
-
-def method(channel: grpc.aio.Channel, name: str, kind: str = "unary_unary"):
-    return getattr(channel, kind)(f"/{SERVICE}/{name}")
-
-
-async def test_unary_reply_metadata_both_ways_and_the_deadline_the_handler_sees():
+async def test_unary_reply_metadata_both_ways_and_the_deadline_the_handler_sees(transport):
     b = Behaviour()
-    service, port = await serve(b)
+    service, port = await serve(b, transport)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
         call = method(ch, "Echo")(b"hi", metadata=(("x-key", "v1"), ("x-blob-bin", b"\x01\x02")), timeout=30)
         assert await call == b"echo:hi"
@@ -134,17 +63,19 @@ async def test_unary_reply_metadata_both_ways_and_the_deadline_the_handler_sees(
     seen = dict(b.seen_metadata)
     assert seen["x-key"] == "v1" and seen["x-blob-bin"] == b"\x01\x02"
     assert b.seen_remaining is not None and 25 < b.seen_remaining <= 30
+    # the handler's context is a CallContext (grpc.aio's as it is): the only surface handlers may use
+    assert isinstance(b.contexts[0], CallContext)
     await service.stop(0.1)
 
 
-async def test_statuses_aborts_errors_and_unknown_methods():
+async def test_statuses_aborts_errors_and_unknown_methods(transport):
     b = Behaviour()
-    service, port = await serve(b)
+    service, port = await serve(b, transport)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
         for request, code, details in [
             (b"set", grpc.StatusCode.NOT_FOUND, "no such thing"),
             (b"abort", grpc.StatusCode.FAILED_PRECONDITION, "aborted on purpose"),
-            (b"raise", grpc.StatusCode.UNKNOWN, "Unexpected RuntimeError: the handler broke"),
+            (b"raise", grpc.StatusCode.UNKNOWN, "Unexpected <class 'RuntimeError'>: the handler broke"),
         ]:
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await method(ch, "Status")(request, timeout=10)
@@ -157,9 +88,9 @@ async def test_statuses_aborts_errors_and_unknown_methods():
 
 
 @pytest.mark.parametrize("how", ["deadline", "client cancel"])
-async def test_a_call_that_ends_early_cancels_its_handler(how):
+async def test_a_call_that_ends_early_cancels_its_handler(transport, how):
     b = Behaviour()
-    service, port = await serve(b)
+    service, port = await serve(b, transport, max_calls=1)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
         if how == "deadline":
             with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -170,14 +101,13 @@ async def test_a_call_that_ends_early_cancels_its_handler(how):
             await asyncio.wait_for(b.entered.wait(), 10)
             call.cancel()
         await asyncio.wait_for(b.cancelled.wait(), 10)
-        assert service.server.stats()["active"] <= 1  # the cancelled call ends; nothing else is open
-        assert await method(ch, "Echo")(b"x", timeout=10) == b"echo:x"
+        await answers_again(ch)  # the cancelled call let go of the server's one place
     await service.stop(0.1)
 
 
-async def test_calls_over_the_limit_are_refused_and_the_others_finish():
+async def test_calls_over_the_limit_are_refused_and_the_others_finish(transport):
     b = Behaviour()
-    service, port = await serve(b, max_calls=2)
+    service, port = await serve(b, transport, max_calls=2)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
         first = method(ch, "Wait")(b"", timeout=30)
         await asyncio.wait_for(b.entered.wait(), 10)
@@ -187,16 +117,16 @@ async def test_calls_over_the_limit_are_refused_and_the_others_finish():
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await method(ch, "Echo")(b"third", timeout=10)
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert service.server.stats()["refused"] == 1
+        assert b.seen_metadata == ()  # refused before its handler
         b.release.set()
         assert [await first, await second] == [b"released", b"released"]
-        assert await method(ch, "Echo")(b"now", timeout=10) == b"echo:now"
+        await answers_again(ch)
     await service.stop(0.1)
 
 
-async def test_a_request_over_the_size_limit_is_refused_before_the_handler():
+async def test_a_request_over_the_size_limit_is_refused_before_the_handler(transport):
     b = Behaviour()
-    service, port = await serve(b, max_receive=64 << 10)
+    service, port = await serve(b, transport, max_receive=64 << 10)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await method(ch, "Echo")(b"x" * (65 << 10), timeout=10)
@@ -206,10 +136,10 @@ async def test_a_request_over_the_size_limit_is_refused_before_the_handler():
     await service.stop(0.1)
 
 
-async def test_streams_both_ways_in_order_with_back_pressure():
+async def test_streams_both_ways_in_order_with_back_pressure(transport):
     b = Behaviour()
-    service, port = await serve(b)
-    n = MAX_WRITES_QUEUED * 40  # many more than the writes the server lets queue
+    service, port = await serve(b, transport)
+    n = MAX_WRITES_QUEUED * 40  # many more than the writes the native server lets queue
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
         got = [int(m) async for m in method(ch, "Count", "unary_stream")(str(n).encode(), timeout=30)]
         assert got == list(range(n))
@@ -225,9 +155,9 @@ async def test_streams_both_ways_in_order_with_back_pressure():
     await service.stop(0.1)
 
 
-async def test_health_watch_follows_serving_then_not_serving():
+async def test_health_watch_follows_serving_then_not_serving(transport):
     b = Behaviour()
-    service, port = await serve(b)
+    service, port = await serve(b, transport)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
         watch = health_pb2_grpc.HealthStub(ch).Watch(
             health_pb2.HealthCheckRequest(service=SERVICE), timeout=30
@@ -239,9 +169,10 @@ async def test_health_watch_follows_serving_then_not_serving():
     await service.stop(0.1)
 
 
-async def test_a_large_reply_is_sent_from_python_memory_and_let_go_of():
+async def test_a_large_reply_arrives_whole_and_its_buffer_is_let_go_of(transport):
+    """The native server sends it from Python's memory (a buffer export held while grpc sends it)."""
     b = Behaviour()
-    service, port = await serve(b)
+    service, port = await serve(b, transport)
     async with grpc.aio.insecure_channel(
         f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", 8 << 20)]
     ) as ch:
@@ -249,7 +180,7 @@ async def test_a_large_reply_is_sent_from_python_memory_and_let_go_of():
             reply = await method(ch, "Big")(b"", timeout=30)
             assert reply == b"head:" + bytes(b.big) + b":tail"
 
-    # the server held a buffer export of b.big while grpc sent it; once let go, the bytearray resizes
+    # while a buffer export of b.big is held the bytearray cannot resize; once let go, it can
     def resizes() -> bool:
         try:
             b.big.append(0)
@@ -257,25 +188,18 @@ async def test_a_large_reply_is_sent_from_python_memory_and_let_go_of():
             return False
         return True
 
-    await _until(resizes, "the server to let go of the reply buffer")
+    await until(resizes, "the server to let go of the reply buffer")
     assert len(b.big) == (1 << 20) + 1
     await service.stop(0.1)
 
 
-def _certs(tmp_path: Path) -> Path:
-    spec = importlib.util.spec_from_file_location("make_certs", ROOT / "tools" / "make_certs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_certs(tmp_path / "certs", workers=[])
-
-
-async def test_mutual_tls_gives_the_handler_the_callers_certificate_name(tmp_path):
-    certs = _certs(tmp_path)
+async def test_mutual_tls_gives_the_handler_the_callers_certificate_name(transport, tmp_path):
+    certs = make_certs(tmp_path)
     server_tls = TLSConfig(
         str(certs / "ca.pem"), str(certs / "mcp-router.pem"), str(certs / "mcp-router.key")
     )
     b = Behaviour()
-    service, port = await serve(b, tls=server_tls)
+    service, port = await serve(b, transport, tls=server_tls)
     client = TLSConfig(str(certs / "ca.pem"), str(certs / "admin.pem"), str(certs / "admin.key"))
     options = [("grpc.ssl_target_name_override", "localhost")]
     async with grpc.aio.secure_channel(f"localhost:{port}", client.channel_credentials(), options) as ch:
@@ -291,9 +215,9 @@ async def test_mutual_tls_gives_the_handler_the_callers_certificate_name(tmp_pat
     await service.stop(0.1)
 
 
-async def test_a_graceful_stop_lets_the_call_in_flight_finish_and_refuses_new_ones():
+async def test_a_graceful_stop_lets_the_call_in_flight_finish_and_refuses_new_ones(transport):
     b = Behaviour()
-    service, port = await serve(b)
+    service, port = await serve(b, transport)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
         in_flight = method(ch, "Wait")(b"", timeout=30)
         await asyncio.wait_for(b.entered.wait(), 10)
@@ -307,9 +231,9 @@ async def test_a_graceful_stop_lets_the_call_in_flight_finish_and_refuses_new_on
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
-async def test_a_stop_past_its_grace_cancels_the_handlers_and_returns():
+async def test_a_stop_past_its_grace_cancels_the_handlers_and_returns(transport):
     b = Behaviour()
-    service, port = await serve(b)
+    service, port = await serve(b, transport)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
         in_flight = method(ch, "Wait")(b"", timeout=30)
         await asyncio.wait_for(b.entered.wait(), 10)
@@ -320,49 +244,37 @@ async def test_a_stop_past_its_grace_cancels_the_handlers_and_returns():
         assert info.value.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
 
 
-def test_a_port_in_use_is_a_clear_error():
-    async def main() -> None:
-        b = Behaviour()
-        service, port = await serve(b)
-        other = GrpcService([SERVICE], server_factory=NativeServer)
-        with pytest.raises(OSError, match="Failed to bind"):
-            await other.start("127.0.0.1", port)
-        await service.stop(0.1)
-
-    asyncio.run(main())
-
-
-def test_numpy_outputs_as_parts_arrive_whole():
-    """What the router's ModelInfer replies with: a header and array views, joined on the wire."""
-
-    async def main() -> None:
-        b = Behaviour()
-        array = np.arange(1 << 18, dtype=np.float32)
-
-        async def arrays(request: bytes, context) -> Parts:
-            return Parts([b"x", memoryview(array).cast("B"), b"y" * 10, memoryview(array[:3]).cast("B")])
-
-        service = GrpcService([SERVICE], server_factory=NativeServer)
-        service.server.add_registered_method_handlers(
-            SERVICE, {"Arrays": grpc.unary_unary_rpc_method_handler(arrays)}
-        )
-        port = await service.start("127.0.0.1", 0)
-        async with grpc.aio.insecure_channel(
-            f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", 8 << 20)]
-        ) as ch:
-            got = await ch.unary_unary(f"/{SERVICE}/Arrays")(b"", timeout=10)
-        assert got == b"x" + array.tobytes() + b"y" * 10 + array[:3].tobytes()
-        await service.stop(0.1)
-        del b
-
-    asyncio.run(main())
-
-
-async def test_a_method_registered_only_as_a_generic_handler_reads_its_one_request():
-    """grpc.aio servers also take generic handlers; the transport learns of unary methods only by name,
-    so such a method's request is read as a stream's first message."""
+async def test_a_port_in_use_is_a_clear_error(transport):
     b = Behaviour()
-    service = GrpcService([SERVICE], server_factory=NativeServer)
+    service, port = await serve(b, transport)
+    other = GrpcService([SERVICE], server_factory=transport, options=[("grpc.so_reuseport", 0)])
+    with pytest.raises(OSError, match=f"Failed to bind gRPC port 127.0.0.1:{port}"):
+        await other.start("127.0.0.1", port)
+    await service.stop(0.1)
+
+
+async def test_numpy_outputs_as_parts_arrive_whole(transport):
+    """What the router's ModelInfer replies with: a header and array views, joined on the wire."""
+    array = np.arange(1 << 18, dtype=np.float32)
+
+    async def arrays(request: bytes, context) -> Parts:
+        return Parts([b"x", memoryview(array).cast("B"), b"y" * 10, memoryview(array[:3]).cast("B")])
+
+    handler = grpc.unary_unary_rpc_method_handler(arrays, response_serializer=join_parts)
+    service, port = await serve_one(transport, "Arrays", handler)
+    async with grpc.aio.insecure_channel(
+        f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", 8 << 20)]
+    ) as ch:
+        got = await ch.unary_unary(f"/{SERVICE}/Arrays")(b"", timeout=10)
+    assert got == b"x" + array.tobytes() + b"y" * 10 + array[:3].tobytes()
+    await service.stop(0.1)
+
+
+async def test_a_method_registered_only_as_a_generic_handler_reads_its_one_request(transport):
+    """Servers also take generic handlers; the native transport learns of unary methods only by name, so
+    such a method's request is read as a stream's first message."""
+    b = Behaviour()
+    service = GrpcService([SERVICE], server_factory=transport)
     generic = grpc.method_handlers_generic_handler(
         "t.Generic", {"Echo": grpc.unary_unary_rpc_method_handler(b.echo)}
     )
@@ -416,146 +328,3 @@ def test_a_router_answers_the_same_on_either_server(tmp_path, etcd_endpoint, rep
 def _maps(router: RouterProcess) -> str:
     assert router.proc is not None
     return Path(f"/proc/{router.proc.pid}/maps").read_text()
-
-
-# --- hostile callers and broken handlers: each call still ends, and the server goes on --------------
-
-
-def _h2_frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
-    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
-
-
-def _h2_call(path: bytes, stream: int, headers: tuple[tuple[bytes, bytes], ...] = ()) -> bytes:
-    """One gRPC call in raw HTTP/2 (HPACK literals without indexing), request sent whole."""
-    fields = ((b":method", b"POST"), (b":scheme", b"http"), (b":path", path), (b":authority", b"x"),
-              (b"content-type", b"application/grpc"), (b"te", b"trailers"), *headers)  # fmt: skip
-    block = b"".join(b"\x00" + bytes([len(k)]) + k + bytes([len(v)]) + v for k, v in fields)
-    message = b"\x00" + struct.pack(">I", 2) + b"hi"
-    return _h2_frame(1, 4, stream, block) + _h2_frame(0, 1, stream, message)
-
-
-async def _until(condition, what: str, timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-
-
-async def test_bytes_that_are_not_utf_8_in_a_path_or_a_header_end_their_calls_and_no_other():
-    b = Behaviour()
-    service, port = await serve(b)
-    loop = asyncio.get_running_loop()
-    sock = await loop.run_in_executor(None, socket.create_connection, ("127.0.0.1", port))
-    try:
-        hostile = (
-            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-            + _h2_frame(4, 0, 0, b"")
-            + _h2_call(b"/t.Native/\xff\xfe", 1)  # a method that is not UTF-8
-            + _h2_call(b"/t.Unknown/Echo", 3, ((b"x-\xffkey", b"v"),))  # a key that is not UTF-8
-            + _h2_call(f"/{SERVICE}/Echo".encode(), 5, ((b"x-val", b"\xff\xfe"),))  # a value that is not
-        )
-        await loop.run_in_executor(None, sock.sendall, hostile)
-        # every one of them is answered while the connection stays open (none is left holding a place)
-        await _until(
-            lambda: service.server.stats()["active"] == 0 and dict(b.seen_metadata).get("x-val") is not None,
-            "the three calls to end",
-        )
-        assert dict(b.seen_metadata)["x-val"] == b"\xff\xfe"  # a value that is not UTF-8 comes as bytes
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-            assert await method(ch, "Echo")(b"ok", timeout=10) == b"echo:ok"
-    finally:
-        sock.close()
-    await asyncio.wait_for(service.stop(0.2), 10)
-
-
-@pytest.mark.parametrize(
-    ("trailers", "reply", "code", "details"),
-    [
-        ((("X-Upper", "v"),), b"r", grpc.StatusCode.INTERNAL, 'Invalid trailing metadata: key "X-Upper"'),
-        (
-            (("x-k", "caf\u00e9"),),
-            b"r",
-            grpc.StatusCode.INTERNAL,
-            'the value of "x-k" is not printable ASCII',
-        ),
-        ((("x-k", "a\nb"),), b"r", grpc.StatusCode.INTERNAL, 'the value of "x-k" is not printable ASCII'),
-        ((), "a str, not bytes", grpc.StatusCode.INTERNAL, "the answer could not be sent (TypeError"),
-        ((["x-list", "fine"],), b"r", grpc.StatusCode.OK, ""),  # grpc.aio takes lists for pairs too
-    ],
-)
-async def test_a_handlers_bad_answer_ends_its_call_internal_and_the_server_goes_on(
-    trailers, reply, code, details
-):
-    async def bad(request: bytes, context):
-        context.set_trailing_metadata(trailers)
-        return reply
-
-    service = GrpcService([SERVICE], server_factory=NativeServer)
-    service.server.add_registered_method_handlers(SERVICE, {"Bad": grpc.unary_unary_rpc_method_handler(bad)})
-    port = await service.start("127.0.0.1", 0)
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-        call = ch.unary_unary(f"/{SERVICE}/Bad")(b"", timeout=10)
-        if code == grpc.StatusCode.OK:
-            assert await call == b"r"
-            assert dict(await call.trailing_metadata())["x-list"] == "fine"
-        else:
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                await call
-            assert info.value.code() == code and details in info.value.details()
-        # the call ended on the server too (its end is counted just after the client saw the status)
-        await _until(lambda: service.server.stats()["active"] == 0, "the call to end on the server")
-    await asyncio.wait_for(service.stop(0.2), 10)
-
-
-async def test_a_stop_ends_calls_whose_handlers_ignore_their_cancellation():
-    released = asyncio.Event()
-
-    async def stubborn(request: bytes, context) -> bytes:
-        while not released.is_set():
-            try:
-                await released.wait()
-            except asyncio.CancelledError:
-                continue  # ignores it, as a careless handler might
-        return b"late"
-
-    service = GrpcService([SERVICE], server_factory=NativeServer)
-    service.server.add_registered_method_handlers(
-        SERVICE, {"S": grpc.unary_unary_rpc_method_handler(stubborn)}
-    )
-    port = await service.start("127.0.0.1", 0)
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-        call = ch.unary_unary(f"/{SERVICE}/S")(b"", timeout=60)
-        await _until(lambda: service.server.stats()["active"] == 1, "the call to start")
-        # bounded: without the stop's own bound it would wait for the handler (released only below)
-        await asyncio.wait_for(service.stop(0.3), 0.3 + STOP_MARGIN_S + 10)
-        with pytest.raises(grpc.aio.AioRpcError):
-            await call
-    released.set()
-
-
-async def test_tls_without_a_certificate_is_refused_rather_than_served_in_the_clear(tmp_path):
-    certs = _certs(tmp_path)
-    service = GrpcService(
-        [SERVICE], server_factory=NativeServer, tls=TLSConfig(ca_file=str(certs / "ca.pem"))
-    )
-    with pytest.raises(ValueError, match="needs cert_file and key_file"):
-        await service.start("127.0.0.1", 0)
-
-
-async def test_a_stream_that_reuses_a_writable_buffer_sends_each_message_as_it_was():
-    chunk = bytearray(128 << 10)
-
-    async def chunks(request: bytes, context):
-        for letter in b"ABCDEF":
-            chunk[:] = bytes([letter]) * len(chunk)
-            yield chunk  # the same buffer, rewritten: each write must carry what it held then
-
-    service = GrpcService([SERVICE], server_factory=NativeServer)
-    service.server.add_registered_method_handlers(
-        SERVICE, {"C": grpc.unary_stream_rpc_method_handler(chunks)}
-    )
-    port = await service.start("127.0.0.1", 0)
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-        got = [m[:1] async for m in ch.unary_stream(f"/{SERVICE}/C")(b"", timeout=10)]
-    assert got == [b"A", b"B", b"C", b"D", b"E", b"F"]
-    await service.stop(0.1)

@@ -58,7 +58,6 @@ def server_with(door: RecordingDoor) -> NativeServer:
     server._calls = {}
     server._door = door
     server._loop = None
-    server._stopped = asyncio.Event()
     server._wake_scheduled = False
 
     async def echo(request: bytes, context) -> bytes:
@@ -88,7 +87,7 @@ def test_a_call_cancelled_in_the_batch_that_started_it_is_finished_once():
     async def main() -> None:
         door = RecordingDoor()
         server = server_with(door)
-        door.events = [(START, 1, "/t.T/Echo", b"x", None, "peer"), (CANCEL, 1)]
+        door.events = [(START, 1, "/t.T/Echo", b"x", None), (CANCEL, 1)]
         server._events()
         await settle()
         assert door.finished == [(1, grpc.StatusCode.CANCELLED.value[0], "Cancelled", None)]
@@ -101,7 +100,7 @@ def test_late_and_unknown_events_are_ignored_and_each_call_finishes_once():
     async def main() -> None:
         door = RecordingDoor()
         server = server_with(door)
-        door.events = [(START, 7, "/t.T/Echo", b"hello", 5.0, "peer"), (CANCEL, 99), (WRITTEN, 98)]
+        door.events = [(START, 7, "/t.T/Echo", b"hello", 5.0), (CANCEL, 99), (WRITTEN, 98)]
         server._events()
         await settle()
         door.events = [(CANCEL, 7), (MESSAGE, 7, b"late")]  # after its finish: nothing happens
@@ -117,12 +116,12 @@ def test_the_answers_of_one_loop_iteration_are_handed_over_with_one_wake():
         door = RecordingDoor()
         server = server_with(door)
         server._loop = asyncio.get_running_loop()
-        door.events = [(START, i, "/t.T/Echo", b"%d" % i, None, "peer") for i in (1, 2, 3)]
+        door.events = [(START, i, "/t.T/Echo", b"%d" % i, None) for i in (1, 2, 3)]
         server._events()  # the three handlers answer in the same iteration
         await settle()
         assert sorted(c for c, *_ in door.finished) == [1, 2, 3]
         assert [sorted(w) for w in door.wakes] == [[1, 2, 3]] and door.queued == []
-        door.events = [(START, 4, "/t.T/Echo", b"4", None, "peer")]
+        door.events = [(START, 4, "/t.T/Echo", b"4", None)]
         server._events()
         await settle()
         assert door.wakes[1:] == [[4]]  # a later answer: its own wake
@@ -134,7 +133,7 @@ def test_an_unknown_method_is_answered_unimplemented_without_a_task():
     async def main() -> None:
         door = RecordingDoor()
         server = server_with(door)
-        door.events = [(START, 3, "/t.T/Nope", b"", None, "peer")]
+        door.events = [(START, 3, "/t.T/Nope", b"", None)]
         server._events()
         assert door.finished == [(3, grpc.StatusCode.UNIMPLEMENTED.value[0], "Method not found!", None)]
         assert server._calls == {}
@@ -146,7 +145,7 @@ def test_a_stream_reads_only_when_its_handler_asks_and_ends_on_cancel():
     async def main() -> None:
         door = RecordingDoor()
         server = server_with(door)
-        door.events = [(START, 5, "/t.T/Chat", None, None, "peer")]
+        door.events = [(START, 5, "/t.T/Chat", None, None)]
         server._events()
         await settle()
         assert door.reads == [5]  # one read asked for, none more until a message comes

@@ -1,4 +1,5 @@
-"""The gRPC server every mcpmesh service runs: grpc.aio, the MCPError mapping, and grpc.health.v1.
+"""The gRPC server every mcpmesh service runs: an ``RpcServer`` (``grpc.aio`` unless the service names
+another, as the router does its grpc++ front door), the MCPError mapping, and grpc.health.v1.
 
 Invariants: every servicer is registered with ``add`` (through ``GuardedServer``), so an MCPError it
 raises reaches the client as its status; every service's port answers ``grpc.health.v1`` for ``""`` and
@@ -12,17 +13,19 @@ certificate name before they run.
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from mcpcore.errors import GuardedServer
+from mcpcore.call_context import RpcServer
 from mcpcore.tls import Access, TLSConfig
+from mcpcore.transport.guarded import GuardedServer
 
-__all__ = ["DEFAULT_MAX_RECEIVE", "GrpcService", "Parts", "advertised_host", "join_parts"]
+__all__ = ["DEFAULT_MAX_RECEIVE", "AioServer", "GrpcService", "Parts", "advertised_host", "join_parts"]
 
 #: A request larger than this is refused RESOURCE_EXHAUSTED before it is parsed (control APIs; the router
 #: and workers, which carry tensors, set their own: 64 MiB and 16 MiB).
@@ -51,6 +54,39 @@ def advertised_host(bound: str, advertise: str = "") -> str:
     return socket.gethostname() if bound in _WILDCARDS else bound
 
 
+class AioServer:
+    """A ``grpc.aio`` server as an ``RpcServer`` (``mcpcore.call_context``): what every service runs
+    unless it names another ``server_factory`` (the router's grpc++ front door)."""
+
+    def __init__(
+        self, *, options: Sequence[tuple[str, Any]] = (), maximum_concurrent_rpcs: int | None = None
+    ) -> None:
+        self.server = grpc.aio.server(options=list(options), maximum_concurrent_rpcs=maximum_concurrent_rpcs)
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        self.server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: Mapping[str, grpc.RpcMethodHandler]
+    ) -> None:
+        self.server.add_registered_method_handlers(service, dict(handlers))
+
+    def bind(self, address: str, tls: TLSConfig | None) -> int:
+        try:
+            if tls is None:
+                return self.server.add_insecure_port(address)
+            return self.server.add_secure_port(address, tls.server_credentials())
+        except RuntimeError as exc:  # grpc.aio's word for it; the same error as the native server's
+            why = "in use by another process, or not an address of this host"
+            raise OSError(f"Failed to bind gRPC port {address}: {why}") from exc
+
+    async def start(self) -> None:
+        await self.server.start()
+
+    async def stop(self, grace: float | None) -> None:
+        await self.server.stop(grace)
+
+
 class GrpcService:
     def __init__(
         self,
@@ -59,7 +95,7 @@ class GrpcService:
         options: Sequence[tuple[str, Any]] = (),
         maximum_concurrent_rpcs: int | None = None,
         tls: TLSConfig | None = None,
-        server_factory: Callable[..., Any] | None = None,
+        server_factory: Callable[..., RpcServer] | None = None,
     ) -> None:
         self.services = tuple(services)
         options = list(options)
@@ -67,7 +103,7 @@ class GrpcService:
             options.append(("grpc.max_receive_message_length", DEFAULT_MAX_RECEIVE))  # stated, not implied
         self.tls = tls if tls is not None and tls.enabled else None
         self._access = Access(self.tls)
-        self.server = (server_factory or grpc.aio.server)(
+        self.server = (server_factory or AioServer)(  # None: grpc.aio
             options=list(options),
             maximum_concurrent_rpcs=maximum_concurrent_rpcs,
         )
@@ -80,14 +116,7 @@ class GrpcService:
 
     async def start(self, host: str, port: int) -> int:
         """Bind (port 0 picks one) and start; returns the bound port. Not SERVING yet."""
-        address = f"{host}:{port}"
-        bind = getattr(self.server, "bind", None)  # a server that binds and starts at once (the router's)
-        if bind is not None:
-            bound = bind(address, self.tls)
-        elif self.tls is None:
-            bound = self.server.add_insecure_port(address)
-        else:
-            bound = self.server.add_secure_port(address, self.tls.server_credentials())
+        bound = self.server.bind(f"{host}:{port}", self.tls)
         await self.server.start()
         return bound
 
