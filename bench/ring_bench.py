@@ -1,16 +1,18 @@
 """Ring figures for ``make bench`` (DESIGN.md section 12): lookup speed against the article's ring, and the
 spread of in-flight requests over 64 workers with and without bounded loads.
 
-The speed figure times ``lookup_bounded`` called as the router calls it (its live in-flight counts, no
-running total, nothing excluded), not the plain ``lookup`` no request uses.
+Every figure goes through ``routing.pick.pick_worker``, the function the router's request path calls
+(over the forwarder's per-ring in-flight counts and its links; here, idle counts and links that are all
+up for the speed, the simulated counts for the spread).
 
 Both baselines run in the same process as the figure they are compared with:
 - ``ArticleRing`` is the article's ``ConsistentHash`` as printed (3 virtual nodes, a dict of hash -> node,
   ``sorted()`` of the whole ring and a linear scan on every lookup); its hash is unspecified there, and md5
   is the most common reading.
 - The load figures replay one fixed-seed request stream (Poisson arrivals, exponential holding times,
-  Zipf-distributed user keys, as real session ids are) through plain ``lookup`` and through
-  ``lookup_bounded(c=1.25)``, and report max/mean in-flight per worker over the steady state. Bounded
+  Zipf-distributed user keys, as real session ids are) through the pick with no cap that binds (plain
+  consistent hashing) and with bounded loads c = 1.25, and report max/mean in-flight per worker over the
+  steady state. Bounded
   loads cap every worker at ``ceil(c * (in_flight + 1) / n)`` when it takes a request, so the momentary
   figure sits at c plus that ceil()'s slack (up to 1/32 at 32 in flight per worker): ~1.27 at c = 1.25.
 """
@@ -27,7 +29,9 @@ from collections.abc import Callable, Sequence
 from itertools import accumulate
 from pathlib import Path
 
-from mcp_router.ring import HashRing
+from mcp_router.routing.pick import pick_worker
+from mcp_router.routing.ring import HashRing
+from mcpcore.transport.forwarder import RingLoad
 
 WORKERS = 64
 REQUESTS = 100_000
@@ -67,6 +71,19 @@ class ArticleRing:
         return self.ring[nodes[0]]
 
 
+class _Up:
+    """Links that are all up: what ``pick_worker`` asks of the forwarder."""
+
+    def __init__(self, workers: Sequence[str]) -> None:
+        self._up = frozenset(workers)
+
+    def usable(self, worker: str) -> bool:
+        return worker in self._up
+
+    def serving(self, worker: str) -> bool:
+        return worker in self._up
+
+
 def _lookups_per_s(lookup: Callable[[str], object], keys: Sequence[str], seconds: float) -> float:
     done = 0
     started = time.perf_counter()
@@ -85,7 +102,7 @@ def _user_stream(rng: random.Random) -> list[str]:
     return [f"user-{bisect_left(cum, rng.random() * cum[-1])}" for _ in range(REQUESTS)]
 
 
-def _simulate(ring: HashRing, bounded: bool) -> dict[str, float]:
+def _simulate(ring: HashRing, c: float) -> dict[str, float]:
     """Replay the fixed request stream; max/mean in flight per worker over the steady state.
 
     ``now``: max/mean at each sampled moment, averaged (and its p99); ``time_avg``: each worker's in-flight
@@ -94,24 +111,26 @@ def _simulate(ring: HashRing, bounded: bool) -> dict[str, float]:
     rng = random.Random(SEED)
     users = _user_stream(rng)
     mean_hold = WORKERS * IN_FLIGHT_PER_WORKER  # arrivals come at rate 1, so Little's law gives the mean
-    loads = dict.fromkeys(ring.nodes, 0)
+    in_flight = RingLoad()
+    loads = in_flight.per_worker
+    loads.update(dict.fromkeys(ring.nodes, 0))
+    links = _Up(list(ring.nodes))
     summed = dict.fromkeys(ring.nodes, 0)
     finishing: list[tuple[float, str]] = []
-    now, in_flight = 0.0, 0
+    now = 0.0
     warm_up = 3 * mean_hold  # arrivals before sampling: the in-flight count has settled by then
     ratios = []
     for i, user in enumerate(users):
         now += rng.expovariate(1.0)
         while finishing and finishing[0][0] <= now:
             loads[heapq.heappop(finishing)[1]] -= 1
-            in_flight -= 1
-        node = ring.lookup_bounded(user, loads, BOUND_C, total=in_flight) if bounded else ring.lookup(user)
-        assert node is not None  # c >= 1 with a true total: some worker is always below its cap
+            in_flight.total -= 1
+        node = pick_worker(ring, user, in_flight, links, c=c, model="m", version="1")
         loads[node] += 1
-        in_flight += 1
+        in_flight.total += 1
         heapq.heappush(finishing, (now + rng.expovariate(1.0 / mean_hold), node))
         if i >= warm_up and i % 8 == 0:
-            ratios.append(max(loads.values()) * WORKERS / in_flight)
+            ratios.append(max(loads.values()) * WORKERS / in_flight.total)
             for worker, load in loads.items():
                 summed[worker] += load
     return {
@@ -128,15 +147,17 @@ def bench_ring(repo: Path, seconds: float) -> dict[str, float]:
     ring = HashRing(dict.fromkeys(workers, 1.0))
     article = ArticleRing(workers)
     keys = [f"session-{i}" for i in range(4096)]
+    idle, links = RingLoad(), _Up(workers)
+
+    def pick(key: str) -> str:  # the router's call: idle counts, every link up, nothing tried yet
+        return pick_worker(
+            ring, key, idle, links, c=BOUND_C, limit=0, tried=frozenset(), model="m", version="1"
+        )
+
     for key in keys[:64]:
-        assert article.get_node(key) in workers and ring.lookup(key) in workers
+        assert article.get_node(key) in workers and pick(key) in workers
     # Alternate short slices and pair them, so load from elsewhere on the machine hits both sides alike.
     slice_s = seconds / (2 * ROUNDS)
-    idle = dict.fromkeys(workers, 0)
-    up = set(workers)
-
-    def pick(key: str) -> object:  # the router's call: its ring's counts and total, a usability check
-        return ring.lookup_bounded(key, idle, BOUND_C, total=0, exclude=frozenset(), usable=up.__contains__)
 
     pairs = [
         (_lookups_per_s(pick, keys, slice_s), _lookups_per_s(article.get_node, keys, slice_s))
@@ -146,15 +167,15 @@ def bench_ring(repo: Path, seconds: float) -> dict[str, float]:
     theirs = statistics.median(b for _, b in pairs)
     speedup = statistics.median(a / b for a, b in pairs)
     print(
-        f"ring lookup (bounded, as the router picks), {WORKERS} workers: {ours:,.0f} lookups/s vs the "
-        f"article's ring: {theirs:,.0f} lookups/s -> {speedup:.0f}x (target >= 50x)"
+        f"ring pick (pick_worker, the router's own), {WORKERS} workers: {ours:,.0f} picks/s vs the article's "
+        f"ring: {theirs:,.0f} lookups/s -> {speedup:.0f}x (target >= 50x)"
     )
-    plain = _simulate(ring, bounded=False)
-    bounded = _simulate(ring, bounded=True)
+    plain = _simulate(ring, c=1e9)  # no cap binds: plain consistent hashing
+    bounded = _simulate(ring, c=BOUND_C)
     print(
         f"ring load, {REQUESTS:,} requests over {WORKERS} workers (~{IN_FLIGHT_PER_WORKER} in flight each, "
         f"Zipf s={ZIPF_S} keys): max/mean in flight {bounded['now']:.3f} (p99 {bounded['now_p99']:.3f}, "
-        f"time-averaged {bounded['time_avg']:.3f}) with bounded loads c={BOUND_C} vs plain lookup: "
+        f"time-averaged {bounded['time_avg']:.3f}) with bounded loads c={BOUND_C} vs no cap: "
         f"{plain['now']:.3f} (p99 {plain['now_p99']:.3f}, time-averaged {plain['time_avg']:.3f}) "
         f"(target <= 1.25; the cap's ceil() adds up to 1/{IN_FLIGHT_PER_WORKER} to c)"
     )

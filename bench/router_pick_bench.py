@@ -26,14 +26,14 @@ import zmq
 import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
-from mcp_router.ring import HashRing
 from mcp_router.router import Router
+from mcp_router.routing.ring import HashRing
 from mcp_router.snapshot import ModelRoute, RoutingTable, Snapshots, Split, WorkerEndpoint
 from mcp_router.stats import RequestStats, RouterMetrics
 from mcpapi.v2 import tensor_pb2
 from mcpcore import wire
-from mcpcore.forwarder import Forwarder
 from mcpcore.keys import Keyspace
+from mcpcore.transport.forwarder import Forwarder
 
 WORKERS = 16
 IN_FLIGHT_PER_WORKER = 24

@@ -1,6 +1,6 @@
 """Fuzzing the router's REST port (KServe V2 / Triton HTTP) on a real mesh: paths, bodies, headers.
 
-Contract (``mcp_router.rest``): a client's garbage gets a 4xx (or 503) whose body is Triton's
+Contract (``mcp_router.frontends.kserve_rest``): a client's garbage gets a 4xx (or 503) whose body is Triton's
 ``{"error": "..."}`` with a clear message, never a 500; health and readiness endpoints answer 200/400
 without a body, as Triton's do; the router serves a valid inference after each; and none of it counts
 as the real model's server-side error, nor as an error of the router's loops.

@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mcp_router import kserve_wire
 from mcp_router.dataplane import (
     Batching,
     BatchSizeStats,
@@ -22,7 +21,9 @@ from mcp_router.dataplane import (
     SequenceFlags,
     TensorMeta,
 )
-from mcp_router.kserve import EXTENSIONS, KServeServicer
+from mcp_router.frontends import kserve_grpc_wire
+from mcp_router.frontends.kserve_codec import EXTENSIONS
+from mcp_router.frontends.kserve_grpc import KServeServicer
 from mcpapi.kserve import grpc_service_pb2 as pb
 from mcpapi.kserve import model_config_pb2 as mc
 from mcpcore import dtypes
@@ -135,7 +136,7 @@ async def model_infer(
 ) -> pb.ModelInferResponse:
     """ModelInfer as grpc runs it: the request through its deserializer, the reply's parts joined as a
     grpc.aio server joins them (its serializer), then parsed back."""
-    received = kserve_wire.parse_request(request.SerializeToString())
+    received = kserve_grpc_wire.parse_request(request.SerializeToString())
     serialize = svc.grpc_codecs["ModelInfer"][1]
     return pb.ModelInferResponse.FromString(serialize(await svc.ModelInfer(received, context)))
 

@@ -1,4 +1,4 @@
-"""kserve_wire: ModelInfer requests parsed with their raw entries as views, responses written with
+"""kserve_grpc_wire: ModelInfer requests parsed with their raw entries as views, responses written with
 their raw entries as read-only views (copied at most once, by a grpc.aio server); whatever protobuf
 would refuse is still refused, by protobuf."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from google.protobuf.message import DecodeError
 
-from mcp_router import kserve_wire
+from mcp_router.frontends import kserve_grpc_wire
 from mcpapi.kserve import grpc_service_pb2 as pb
 from mcpcore import dtypes
 
@@ -26,9 +26,9 @@ def request(*sizes: int) -> pb.ModelInferRequest:
 
 
 def test_a_large_request_keeps_its_raw_entries_as_views_of_the_received_bytes():
-    sent = request(kserve_wire.SPLIT_FROM_BYTES, 5, 0, 1 << 20)
+    sent = request(kserve_grpc_wire.SPLIT_FROM_BYTES, 5, 0, 1 << 20)
     data = sent.SerializeToString()
-    got = kserve_wire.parse_request(data)
+    got = kserve_grpc_wire.parse_request(data)
     assert [bytes(r) for r in got.raw] == list(sent.raw_input_contents)
     assert all(isinstance(r, memoryview) and r.obj is data for r in got.raw)  # no copy was made
     assert len(got.message.raw_input_contents) == 0
@@ -42,14 +42,14 @@ def test_a_large_request_without_raw_entries_is_parsed_by_protobuf_whole():
     sent = pb.ModelInferRequest(model_name="m")
     sent.inputs.add(name="IN", datatype="FP32", shape=[20_000]).contents.fp32_contents.extend(range(20_000))
     data = sent.SerializeToString()
-    assert len(data) >= kserve_wire.SPLIT_FROM_BYTES
-    got = kserve_wire.parse_request(data)
+    assert len(data) >= kserve_grpc_wire.SPLIT_FROM_BYTES
+    got = kserve_grpc_wire.parse_request(data)
     assert got.message == sent and len(got.raw) == 0
 
 
 def test_a_small_request_is_parsed_by_protobuf_whole():
     sent = request(16, 3)
-    got = kserve_wire.parse_request(sent.SerializeToString())
+    got = kserve_grpc_wire.parse_request(sent.SerializeToString())
     assert got.message == sent and list(got.raw) == list(sent.raw_input_contents)
 
 
@@ -66,19 +66,19 @@ def test_a_small_request_is_parsed_by_protobuf_whole():
     ],
 )
 def test_bytes_that_do_not_walk_meet_protobufs_own_checks(damage):
-    data = damage(request(kserve_wire.SPLIT_FROM_BYTES).SerializeToString())
+    data = damage(request(kserve_grpc_wire.SPLIT_FROM_BYTES).SerializeToString())
     with pytest.raises(DecodeError):
         pb.ModelInferRequest.FromString(data)
     with pytest.raises(DecodeError):
-        kserve_wire.parse_request(data)
+        kserve_grpc_wire.parse_request(data)
 
 
 def test_a_large_request_of_many_small_fields_is_left_to_protobuf():
-    sent = request(kserve_wire.SPLIT_FROM_BYTES)
-    for i in range(kserve_wire.MAX_FIELDS):
+    sent = request(kserve_grpc_wire.SPLIT_FROM_BYTES)
+    for i in range(kserve_grpc_wire.MAX_FIELDS):
         sent.parameters[f"p{i}"].int64_param = i
     data = sent.SerializeToString()
-    got = kserve_wire.parse_request(data)
+    got = kserve_grpc_wire.parse_request(data)
     assert got.message == sent and list(got.raw) == list(sent.raw_input_contents)
     assert not any(isinstance(r, memoryview) for r in got.raw)  # protobuf's own copies: the walk gave up
 
@@ -89,7 +89,7 @@ def test_a_response_serializes_with_its_raw_entries_in_order():
     response.outputs.add(name="B", datatype="BYTES", shape=[1])
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     big = np.random.default_rng(0).bytes(300_000)
-    data = b"".join(kserve_wire.serialize_response(response, [a, b"", memoryview(big)]))
+    data = b"".join(kserve_grpc_wire.serialize_response(response, [a, b"", memoryview(big)]))
     back = pb.ModelInferResponse.FromString(data)
     assert list(back.raw_output_contents) == [a.tobytes(), b"", big]
     assert back.id == "abc" and [o.name for o in back.outputs] == ["A", "B"]
@@ -100,7 +100,7 @@ def test_a_responses_outputs_are_read_only_views_of_their_own_memory():
     outputs must come out read-only (a worker's reply frames are writable buffers) and uncopied."""
     response = pb.ModelInferResponse(model_name="m")
     out = np.ones(1 << 18, dtype=np.float32)  # writable, as the arrays decoded from a worker's reply
-    parts = kserve_wire.serialize_response(response, [dtypes.to_bytes(out)])
+    parts = kserve_grpc_wire.serialize_response(response, [dtypes.to_bytes(out)])
     views = [p for p in parts if isinstance(p, memoryview) and p.nbytes == out.nbytes]
     assert len(views) == 1 and views[0].readonly
     assert np.shares_memory(np.frombuffer(views[0], dtype=np.float32), out)

@@ -1,4 +1,5 @@
-"""Triton's log settings over Python logging (mcp_router.logsettings): what is set is the real level."""
+"""Triton's log settings over Python logging (mcp_router.frontends.logsettings): what is set is the real
+level."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import logging
 
 import pytest
 
-from mcp_router import logsettings
+from mcp_router.frontends import logsettings
 from mcpcore.errors import InvalidArgument
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from mcp_router.rest import _dumps, _loads
+from mcp_router.frontends.kserve_rest_json import dumps, loads
 
 SCALARS = (
     st.none()
@@ -48,7 +48,7 @@ def test_a_document_reads_as_the_standard_library_reads_it(doc):
         json.dumps(doc).encode(),  # ASCII, NaN and Infinity as literals
         json.dumps(doc, ensure_ascii=False).encode("utf-8", "surrogatepass"),
     ):
-        assert repr(_loads(raw)) == repr(json.loads(raw))  # repr: types too (1 is not 1.0), NaN equal
+        assert repr(loads(raw)) == repr(json.loads(raw))  # repr: types too (1 is not 1.0), NaN equal
 
 
 def test_what_neither_reads_is_refused_with_the_standard_librarys_error():
@@ -59,7 +59,7 @@ def test_what_neither_reads_is_refused_with_the_standard_librarys_error():
         except (ValueError, RecursionError) as exc:
             want = f"{type(exc).__name__}: {exc}"
         try:
-            _loads(raw)
+            loads(raw)
         except (ValueError, RecursionError) as exc:
             assert f"{type(exc).__name__}: {exc}" == want
         else:
@@ -72,5 +72,5 @@ def test_what_neither_reads_is_refused_with_the_standard_librarys_error():
 @example({"n": 1 << 70, "id": "\udc80"})
 def test_a_reply_reads_back_as_the_standard_librarys_would(doc):
     wrapped = {"outputs": doc}
-    written = _dumps(wrapped, finite=finite(doc))
+    written = dumps(wrapped, finite=finite(doc))
     assert repr(json.loads(written)) == repr(json.loads(json.dumps(wrapped)))  # NaN stays NaN, not null

@@ -1,4 +1,4 @@
-"""Sequence placement and its faults (mcp_router.sequences) over a real routing table's shape: pins,
+"""Sequence placement and its faults (mcp_router.routing.sequences) over a real routing table's shape: pins,
 tombstones that keep a lost sequence lost, the idle sweep, and one request per sequence at a time."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from mcp_router.dataplane import SequenceFlags
-from mcp_router.ring import HashRing
-from mcp_router.sequences import IDLE_S, SWEEP_EVERY, Sequences
+from mcp_router.routing.ring import HashRing
+from mcp_router.routing.sequences import IDLE_S, SWEEP_EVERY, Sequences
 from mcp_router.snapshot import ModelRoute, RoutingTable, WorkerEndpoint
 from mcpcore.errors import Aborted, InvalidArgument
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from mcp_router.dataplane import InferResult
-from mcp_router.kserve import _encode_response, decode_inputs
-from mcp_router.shm import SharedMemory
+from mcp_router.frontends.kserve_grpc_tensors import decode_inputs, encode_response
+from mcp_router.frontends.shm_regions import SharedMemory
 from mcpapi.kserve import grpc_service_pb2 as pb
 from mcpcore.errors import InvalidArgument
 
@@ -76,5 +76,5 @@ def test_keys_that_leave_the_directory_or_name_no_object_are_refused(tmp_path):
 
 def test_an_empty_output_goes_into_its_region(shm):
     result = InferResult("m", "1", "w", {"OUT": np.zeros((0, 4), np.float32)})
-    response, raw = _encode_response(result, "id", ("OUT",), {"OUT": ("r", 32, 64)}, shm)
+    response, raw = encode_response(result, "id", ("OUT",), {"OUT": ("r", 32, 64)}, shm)
     assert [tuple(o.shape) for o in response.outputs] == [(0, 4)] and raw == [b""]

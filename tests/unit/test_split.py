@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mcp_router.split import SmoothWeightedRoundRobin, canary_for_key, choose_version
+from mcp_router.routing.split import SmoothWeightedRoundRobin, canary_for_key, choose_version
 
 KEYS = [f"user-{i}" for i in range(2000)]
 

@@ -1,11 +1,12 @@
-"""ModelStreamInfer's stream (mcp_router.stream) over a fake infer: ids, errors in band, final flags, and
-the bound on a decoupled model's answers waiting for a slow client."""
+"""ModelStreamInfer's stream (mcp_router.frontends.kserve_stream) over a fake infer: ids, errors in band,
+final flags, and the bound on a decoupled model's answers waiting for a slow client."""
 
 from __future__ import annotations
 
 import asyncio
 
-from mcp_router import stream
+from mcp_router.frontends import kserve_stream as stream
+from mcp_router.frontends.kserve_codec import EMPTY_FINAL
 from mcpapi.kserve import grpc_service_pb2 as pb
 from mcpcore.errors import NotFound
 
@@ -14,7 +15,7 @@ def _request(rid: str, n: int, *, final: bool = False) -> pb.ModelInferRequest:
     request = pb.ModelInferRequest(model_name="m", id=rid)
     request.parameters["n"].int64_param = n
     if final:
-        request.parameters[stream.EMPTY_FINAL].bool_param = True
+        request.parameters[EMPTY_FINAL].bool_param = True
     return request
 
 

@@ -1,4 +1,4 @@
-"""Same-host shared memory for tensors (``mcpcore.shm``) and its place in the wire format
+"""Same-host shared memory for tensors (``mcpcore.transport.shm_lease``) and its place in the wire format
 (``wire.encode(place=...)``, ``wire.with_regions``): real memfds and mappings of this process, the
 worker's checks with this process standing in as the sender."""
 
@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 
 from mcpapi.v2 import tensor_pb2
-from mcpcore import shm, wire
+from mcpcore import wire
 from mcpcore.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from mcpcore.transport import shm_lease
 
-pytestmark = pytest.mark.skipif(not shm.AVAILABLE, reason="same-host shared memory is Linux-only")
+pytestmark = pytest.mark.skipif(not shm_lease.AVAILABLE, reason="same-host shared memory is Linux-only")
 MiB = 1 << 20
 ME = (os.getpid(), os.getuid())
 
@@ -29,8 +30,8 @@ def _header() -> tensor_pb2.TensorHeader:
     return tensor_pb2.TensorHeader(kind=tensor_pb2.KIND_REQUEST, request_id="r", model="m")
 
 
-def _pool() -> shm.RegionPool:
-    return shm.RegionPool(max_region_bytes=64 * MiB)
+def _pool() -> shm_lease.RegionPool:
+    return shm_lease.RegionPool(max_region_bytes=64 * MiB)
 
 
 def _memfd(size: int, seals: int = fcntl.F_SEAL_SHRINK) -> int:
@@ -55,7 +56,7 @@ def test_placed_tensors_get_no_frame_and_come_back_in_order():
     frames = wire.encode(header, {"A": a, "B": b, "C": c}, lease.place)
     assert len(frames) == 2  # the header and BYTES' frame: BYTES are never placed
     assert [spec.HasField("shm") for spec in header.tensors] == [True, False, True]
-    assert header.tensors[2].shm.offset % shm.ALIGN == 0
+    assert header.tensors[2].shm.offset % shm_lease.ALIGN == 0
     received = wire.parse_header(frames[0])
     mapped = {}
 
@@ -153,7 +154,7 @@ def test_a_reply_naming_bytes_outside_the_lent_region_is_refused():
 
 
 def test_a_spoiled_region_is_closed_not_reused_and_idle_regions_are_bounded():
-    pool = shm.RegionPool(max_region_bytes=64 * MiB, max_idle_bytes=3 * MiB)
+    pool = shm_lease.RegionPool(max_region_bytes=64 * MiB, max_idle_bytes=3 * MiB)
     lease = pool.lease([np.ones(4, np.float32)])
     fd = lease.region.fd
     lease.spoil()
@@ -193,14 +194,14 @@ def test_a_region_cannot_shrink_under_its_reader():
 
 def test_the_peer_comes_only_from_unix_socket_credentials():
     frame = lambda address: SimpleNamespace(get=lambda prop: address)  # noqa: E731
-    assert shm.peer_process(frame("localhost:1000:1000:4321")) == (4321, 1000)
+    assert shm_lease.peer_process(frame("localhost:1000:1000:4321")) == (4321, 1000)
     for address in ("127.0.0.1", "localhost:1000:1000:0", "localhost:a:b:c", "", "localhost:1:2"):
-        assert shm.peer_process(frame(address)) is None, address
-    assert shm.peer_process(object()) is None
+        assert shm_lease.peer_process(frame(address)) is None, address
+    assert shm_lease.peer_process(object()) is None
 
 
 def test_the_worker_maps_a_sealed_memfd_of_its_sender_and_checks_every_range():
-    regions = shm.PeerRegions(max_region_bytes=4 * MiB)
+    regions = shm_lease.PeerRegions(max_region_bytes=4 * MiB)
     fd = _memfd(MiB)
     try:
         os.pwrite(fd, b"hello", 100)
@@ -230,7 +231,7 @@ def test_the_worker_maps_a_sealed_memfd_of_its_sender_and_checks_every_range():
     ids=["unsealed", "regular file", "pipe", "socket", "write-sealed", "too big", "empty"],
 )
 def test_anything_but_a_sealed_memfd_is_refused_not_started(tmp_path, make, words):
-    regions = shm.PeerRegions(max_region_bytes=4 * MiB)
+    regions = shm_lease.PeerRegions(max_region_bytes=4 * MiB)
     fd = make(tmp_path)
     try:
         with pytest.raises(FailedPrecondition, match=words) as caught:
@@ -241,7 +242,7 @@ def test_anything_but_a_sealed_memfd_is_refused_not_started(tmp_path, make, word
 
 
 def test_a_region_of_another_user_a_tcp_peer_and_a_closed_descriptor_are_refused():
-    regions = shm.PeerRegions(max_region_bytes=4 * MiB)
+    regions = shm_lease.PeerRegions(max_region_bytes=4 * MiB)
     fd = _memfd(MiB)
     region = tensor_pb2.SharedRegion(fd=fd, offset=0, size=4)
     try:
@@ -256,7 +257,7 @@ def test_a_region_of_another_user_a_tcp_peer_and_a_closed_descriptor_are_refused
 
 
 def test_a_reused_descriptor_number_is_a_new_file_and_old_mappings_go():
-    regions = shm.PeerRegions(max_region_bytes=4 * MiB, max_maps=2)
+    regions = shm_lease.PeerRegions(max_region_bytes=4 * MiB, max_maps=2)
     fd = _memfd(MiB)
     os.pwrite(fd, b"old", 0)
     region = tensor_pb2.SharedRegion(fd=fd, offset=0, size=3)
@@ -285,7 +286,7 @@ def _rss_shmem_kib() -> int:
 
 
 def test_a_sparse_region_costs_the_worker_only_the_pages_it_uses():
-    regions = shm.PeerRegions(max_region_bytes=256 * MiB)
+    regions = shm_lease.PeerRegions(max_region_bytes=256 * MiB)
     fd = _memfd(200 * MiB)
     try:
         before = _rss_shmem_kib()
@@ -297,7 +298,7 @@ def test_a_sparse_region_costs_the_worker_only_the_pages_it_uses():
 
 
 def test_mappings_are_bounded_in_bytes_and_those_of_exited_senders_go():
-    regions = shm.PeerRegions(max_region_bytes=4 * MiB, max_bytes=2 * MiB)
+    regions = shm_lease.PeerRegions(max_region_bytes=4 * MiB, max_bytes=2 * MiB)
     fds = [_memfd(MiB) for _ in range(3)]
     child = subprocess.Popen(
         [sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True

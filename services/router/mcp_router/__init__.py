@@ -1,1 +1,2 @@
-"""mcp_router: the data-plane entry: Route/Infer (v1, v2), KServe V2, consistent hashing, ZeroMQ."""
+"""mcp_router: the data plane's entry. ``frontends`` adapt each protocol to the ``DataPlane``; ``router``
+implements it over the etcd-fed ``snapshot``, choosing with ``routing`` and sending with ``delivery``."""

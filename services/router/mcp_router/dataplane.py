@@ -124,10 +124,10 @@ class RouteDecision:
     incarnation: str = ""
     idempotent: bool = False  # the version may run twice (a direct client's one resend)
     alternatives: tuple[RouteDecision, ...] = ()  # other workers that could take it (keyless, on request)
-    record_certificate: str = ""  # the worker record's proof (mcpcore.signing), for a direct client
+    record_certificate: str = ""  # the worker record's proof (mcpcore.record_signing), for a direct client
     record_signature: str = ""
     control_endpoint: str = ""  # the worker's gRPC address (signed with the record)
-    record_local_signature: str = ""  # the signed offer of its same-host endpoint (mcpcore.signing)
+    record_local_signature: str = ""  # the signed offer of its same-host endpoint (mcpcore.record_signing)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from mcp_router.snapshot import ModelRoute, RoutingTable, WorkerEndpoint
 
 if TYPE_CHECKING:
-    from mcpcore.forwarder import Forwarder
+    from mcpcore.transport.forwarder import Forwarder
 
 __all__ = ["snapshot_doc"]
 

@@ -1,41 +1,21 @@
-"""``Router``: the DataPlane over the routing table and the forwarder (the one request path of all APIs).
+"""``Router``: the DataPlane over the routing table, the version choice and delivery (the one request path
+of every front door).
 
-Per request: pick the version (explicit, and declared, else NOT_FOUND; else breaker level 3 → fallback;
-else the split in force through ``split.choose_version``, the canary sticky by routing key and dropped
-while the breaker is above 0), pick the worker with the ring's bounded-load lookup (the one pick, over
-virtual nodes weighted by capacity), forward over ZeroMQ under this router's own correlation id, and
-decide what a failure allows (DESIGN.md 7, delivery):
+Per request: check it (unknown model ``NOT_FOUND``, bad priority or reserved parameter
+``INVALID_ARGUMENT``: a client's error costs no hop and never feeds a breaker), choose the version
+(``routing.versions``), check the inputs and outputs against the version's signature, and hand it to
+``delivery``, which picks the worker (``routing.pick``) and sends until answered. A sequence's requests run
+one at a time, in order (``routing.sequences``); a decoupled model needs a stream (``on_partial``).
 
-- not sent (link down, draining or full) or answered "not started" by the worker: the next distinct ring
-  node may take it, whatever the model; a "draining" answer also stops choosing that worker;
-- the worker's link failed while it held the request ("may have started"): an idempotent model is sent
-  once more elsewhere, any other model fails UNAVAILABLE "may have started" (never run twice);
-- anything else the worker answered is the answer.
-
-Sequences (Triton's sequence_id/start/end; ``mcp_router.sequences``): a sequence's requests go, one at
-a time, to the worker and version its first request went to, with no retry elsewhere once it is placed;
-when that worker is gone (left the table, restarted, link failed with a request in flight, draining) the
-request fails ``ABORTED`` and so does every later one until a new start: its state was on that worker,
-so it is never re-routed silently. A router that did not see a sequence's start adopts it where its
-hash leads. A decoupled model's answers before its last go to ``on_partial``; once one went
-out, the request is never sent again.
-
-Retries after a start was possible, and after an overload refusal, draw from a budget (a fraction of
-recent requests), so they cannot amplify an outage; every retry is counted by reason. Client errors
-(unknown model or version, bad input, priority out of range) are ``NOT_FOUND``/``INVALID_ARGUMENT`` and
-are never counted toward breakers; metric labels only ever name models this router knows. Nothing here
-awaits etcd.
-
-Observability: while a request runs, its log fields are bound (``mcpcore.logs``): ``client_request_id``
-(the client's id), ``model``, ``request_id`` (this router's wire id, the one the worker logs), ``worker``
-(the one tried last) and, traced, ``trace_id``. With tracing on (``mcpcore.tracing``), each request is
-one server span ``router.infer``, a child of the current trace context (the caller's, which the front
-door attached) or a new trace, with attributes ``mcp.model``, ``mcp.version``, ``mcp.worker``,
-``mcp.status`` (the gRPC code's name; a fault of the mesh, not the client's, is an error span),
-``mcp.request_id`` (the wire id), ``mcp.client_request_id``, and a ``retry`` event per retry; its
-traceparent goes to the worker in the header (``wire.PARAM_TRACEPARENT``). Tracing off, the request path
-tests one attribute and makes no span. The Triton-style ``Trace`` (TraceSetting's file) is apart from
-this and unchanged.
+Invariants:
+- Nothing here awaits etcd: the table is the watch's last snapshot, swapped whole.
+- Metric labels only ever name models this router knows; every request is recorded once, with its status.
+- While a request runs its log fields are bound (``mcpcore.logs``): ``client_request_id``, ``model``,
+  ``request_id`` (the wire id the worker logs), ``worker`` and, traced, ``trace_id``. With tracing on
+  (``mcpcore.tracing``) each request is one server span ``router.infer``, a child of the current trace
+  context, with attributes ``mcp.model``, ``mcp.version``, ``mcp.worker``, ``mcp.status`` (a fault of the
+  mesh, not the client's, is an error span), ``mcp.request_id``, ``mcp.client_request_id`` and a ``retry``
+  event per retry; its traceparent goes to the worker. Tracing off, no span is made.
 """
 
 from __future__ import annotations
@@ -43,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -60,56 +39,21 @@ from mcp_router.dataplane import (
     RouteDecision,
     SequenceFlags,
 )
-from mcp_router.sequences import Pin, Sequences
+from mcp_router.delivery import Delivery, Outgoing
+from mcp_router.routing.sequences import Sequences
+from mcp_router.routing.versions import FLAG_SECONDARY_OFF, VersionChoice, unknown_version
 from mcp_router.snapshot import ModelRoute, Snapshots
-from mcp_router.split import SmoothWeightedRoundRobin, choose_version
 from mcp_router.stats import UNKNOWN, RequestStats
 from mcp_router.trace import Trace
-from mcpapi.v2 import tensor_pb2
-from mcpcore import logs, signature, tracing, wire
-from mcpcore.errors import (
-    DeadlineExceeded,
-    InvalidArgument,
-    MCPError,
-    NotFound,
-    Unavailable,
-    error_class,
-    error_for_code,
-    not_started,
-)
-from mcpcore.forwarder import Forwarder, MayHaveStarted, NotSent
+from mcpcore import logs, tensor_signature, tracing, wire
+from mcpcore.errors import InvalidArgument, MCPError, NotFound, Unavailable, error_class, not_started
 from mcpcore.retry import RetryBudget
 from mcpcore.tls import TLSConfig
+from mcpcore.transport.forwarder import Forwarder
 
 __all__ = ["Router"]
 
-FLAG_SECONDARY_OFF = tensor_pb2.FLAG_SECONDARY_FEATURES_OFF
 MAX_PRIORITY = (1 << 32) - 1  # TensorHeader.priority is a uint32
-
-
-@dataclass(slots=True)
-class _Attempts:
-    """One request's tries: the workers tried, its one resend after "may have started", the last error."""
-
-    deadline: float
-    tried: set[str] = field(default_factory=set)
-    resent: bool = False
-    maybe_ran: bool = False  # a worker held it when its link failed: "not started" can no longer be said
-    last: MCPError | None = None
-    again: str = ""  # why the next send is a retry (mcp_router_retries_total{reason})
-    streamed: bool = False  # a decoupled model's answer went out: never send it again
-
-    def failed(self, worker: str, error: MCPError, again: str) -> None:
-        self.tried.add(worker)
-        self.last, self.again = error, again
-
-    def final(self, fallback: MCPError) -> MCPError:
-        """The error to answer with once nothing is left to try: the last worker's answer, never marked
-        "not started" if an earlier try may have run."""
-        error = self.last or fallback
-        if self.maybe_ran:
-            error.not_started = False
-        return error
 
 
 def _select(route: ModelRoute, result: InferResult, outputs: tuple[str, ...]) -> InferResult:
@@ -126,41 +70,6 @@ def _select(route: ModelRoute, result: InferResult, outputs: tuple[str, ...]) ->
     return InferResult(result.model, result.version, result.worker_id, chosen)
 
 
-@dataclass(slots=True)
-class _Request:
-    """What every try of one request sends, and where a sequence or a stream wants it."""
-
-    model: str
-    version: str
-    key: str  # the ring key: the routing key, the sequence's id, or the request's own id
-    rid: str  # this router's id on the wire
-    inputs: Mapping[str, np.ndarray]
-    priority: int
-    flags: int
-    features: tuple[str, ...]  # breaker level 2's features off
-    nbytes: int
-    parameters: Mapping[str, str]
-    sequence: SequenceFlags | None
-    pin: Pin | None
-    on_partial: Callable[[InferResult], None] | None
-    trace: Trace | None
-    log: dict[str, str]  # its bound log fields: the worker tried goes in
-    span: Any = None  # its OpenTelemetry span, when traced
-    traceparent: str = ""  # the span's, for the worker
-
-    def header(self, left_s: float) -> tensor_pb2.TensorHeader:
-        header = tensor_pb2.TensorHeader(
-            kind=tensor_pb2.KIND_REQUEST, request_id=self.rid, model=self.model, version=self.version,
-            timeout_us=max(1, int(left_s * 1e6)), priority=self.priority, flags=self.flags,
-        )  # fmt: skip
-        header.parameters.update(self.parameters)
-        if self.features:
-            header.parameters[wire.PARAM_FEATURES_OFF] = ",".join(self.features)
-        if self.traceparent:
-            header.parameters[wire.PARAM_TRACEPARENT] = self.traceparent
-        return header
-
-
 def _end_span(span: Any, status: str, error: MCPError | None) -> None:
     """A request's span ends with its status; a fault of the mesh (not the client's, not a cancel) is an
     error span."""
@@ -174,10 +83,6 @@ def _end_span(span: Any, status: str, error: MCPError | None) -> None:
 
 def _not_loaded(model: str) -> NotFound:
     return NotFound(f"model {model} is not loaded; load it first (RepositoryModelLoad or LoadModel)")
-
-
-def _no_worker(model: str, version: str) -> Unavailable:
-    return not_started(Unavailable(f"no worker of model {model} version {version} could take the request"))
 
 
 def _checked(
@@ -215,14 +120,16 @@ class Router(DataPlane):
         self._snap = snapshots
         self._fwd = forwarder
         self._stats = stats
-        self._c = load_factor
         self._timeout = default_timeout_s
-        self._budget = retry_budget or RetryBudget()
-        self._rr: dict[str, SmoothWeightedRoundRobin] = {}
+        self._budget = retry_budget or RetryBudget()  # earned per request here, spent by delivery
+        self._versions = VersionChoice(on_demand=stats.demand)
+        self._sequences = Sequences()
+        self._delivery = Delivery(
+            snapshots, forwarder, stats, self._sequences, load_factor=load_factor, retry_budget=self._budget
+        )
         self._scheduler_load = scheduler_load
         self._scheduler_unload = scheduler_unload
         self._tls = tls  # for the workers' Stats calls (ModelStatistics)
-        self._sequences = Sequences()
         self._tracer = tracing.tracer(__name__)  # None: tracing is off (resolved once, not per request)
         #: Set as a graceful stop begins refusing calls: new ones are answered "not started" (the SDK and
         #: Triton's clients with retries move to another router) while those in flight finish.
@@ -254,8 +161,7 @@ class Router(DataPlane):
         chosen = version or route.default_version()
         if chosen is None or chosen not in route.rings:
             if version and not route.knows(version):
-                declared = sorted(route.declared | set(route.rings), key=int)
-                raise NotFound(f"model {model} has no version {version}; it declares {declared}")
+                raise unknown_version(route, version)
             raise NotFound(f"model {model}{'/' + version if version else ''} has no RUNNING replica")
         return route, chosen
 
@@ -321,83 +227,14 @@ class Router(DataPlane):
         await self._scheduler_unload(model)
 
     # -- routing -----------------------------------------------------------------------------------------
-    def _version(self, route: ModelRoute, version: str, key: str, now: float) -> tuple[str, int, int]:
-        """(version, breaker level, header flags) for a request."""
-        level = route.breaker_level(now)
-        flags = FLAG_SECONDARY_OFF if level >= 2 else 0
-        if version:
-            if not route.knows(version):
-                declared = sorted(route.declared | set(route.rings), key=int)
-                raise NotFound(f"model {route.name} has no version {version}; it declares {declared}")
-            return version, level, flags
-        if level >= 3 and route.fallback_version and route.fallback_version in route.rings:
-            return route.fallback_version, level, flags
-        split = route.routing
-        if split is None:
-            if route.load_on_demand:
-                self._stats.demand(route.name)
-                raise not_started(
-                    Unavailable(f"model {route.name} is being loaded on demand; retry in a second")
-                )
-            raise not_started(Unavailable(f"model {route.name} has no version in service yet; retry shortly"))
-        canary = split.canary if level == 0 else None  # any breaker level drops the canary
-        rr = None
-        if canary and 0 < split.canary_percent < 100 and not key:
-            rr = self._rr.get(route.name)
-            weights = {split.stable: 100 - split.canary_percent, canary: split.canary_percent}
-            if rr is None or rr.weights != weights:
-                rr = self._rr[route.name] = SmoothWeightedRoundRobin.for_canary(
-                    split.stable, canary, split.canary_percent
-                )
-        return choose_version(split.stable, canary, split.canary_percent, key, rr), level, flags
-
-    def _pick(self, route: ModelRoute, version: str, key: str, tried: set[str]) -> str:
-        """The worker for ``key`` on ``version``'s ring: bounded loads over the workers that may take it.
-
-        Loads are this (model, version)'s requests in flight per worker, kept by the forwarder with their
-        total, so a pick reads O(1) in the common case (the owner under its cap and usable)."""
-        ring = route.rings.get(version)
-        if not ring:
-            raise not_started(
-                Unavailable(f"model {route.name} version {version} has no RUNNING replica; retry shortly")
-            )
-        fwd, limit = self._fwd, route.max_ongoing.get(version, 0)
-        load = fwd.ring_load(route.name, version)
-        counts = load.per_worker
-
-        def usable(node: str) -> bool:
-            return fwd.usable(node) and not (limit and counts.get(node, 0) >= limit)
-
-        node = ring.lookup_bounded(key, counts, self._c, total=load.total, exclude=tried, usable=usable)
-        if node is not None:
-            return node
-        # nothing under its cap that may take it: the caps assumed every node usable, so take the least
-        # loaded one that may (or say why none may)
-        able = [n for n in ring.nodes if n not in tried and fwd.usable(n)]
-        room = [n for n in able if not (limit and counts.get(n, 0) >= limit)]
-        if not room:  # last resort: a worker handing its replicas over still serves them meanwhile
-            room = [n for n in ring.nodes if n not in tried and fwd.serving(n)]
-            room = [n for n in room if not (limit and counts.get(n, 0) >= limit)]
-        if room:
-            return min(room, key=lambda n: counts.get(n, 0))
-        if able:
-            self._stats.overflow(route.name)
-            raise not_started(
-                Unavailable(
-                    f"exceeds maximum queue size: every replica of {route.name}/{version} that could take "
-                    f"the request has {limit} in flight (max_ongoing_requests); retry later"
-                )
-            )
-        raise _no_worker(route.name, version)
-
     def route(
         self, model: str, version: str = "", routing_key: str = "", candidates: int = 1
     ) -> RouteDecision:
         """Where a request would go; keyless with ``candidates`` > 1, also up to that many - 1 other
         workers of the same version that may take it now (usable, under ``max_ongoing_requests``)."""
         route = self._model(model)
-        chosen, level, flags = self._version(route, version, routing_key, time.time())
-        worker = self._pick(route, chosen, routing_key or self._fwd.new_id(), set())
+        chosen, level, flags = self._versions.choose(route, version, routing_key, time.time())
+        worker = self._delivery.pick(route, chosen, routing_key or self._fwd.new_id(), set())
         table = self._snap.table
 
         def decision(node: str) -> RouteDecision:
@@ -520,155 +357,37 @@ class Router(DataPlane):
         pin = None
         if sequence is not None:
             pin = self._sequences.placed(route, self._snap.table, sequence, version, self._fwd.serving)
-        chosen, _level, flags = self._version(
+        chosen, _level, flags = self._versions.choose(
             route, pin.version if pin else version, routing_key, time.time()
         )
         meta = route.metadata.get(chosen)
         config = route.configs.get(chosen)
         if meta is not None:  # the worker's own check, here before any hop (a client error costs no trip)
             where = f"model {model}/{chosen}"
-            signature.check_inputs(where, meta.inputs, inputs, config.max_batch_size if config else None)
-            signature.check_outputs(where, meta.outputs, outputs)
+            tensor_signature.check_inputs(
+                where, meta.inputs, inputs, config.max_batch_size if config else None
+            )
+            tensor_signature.check_outputs(where, meta.outputs, outputs)
         if config is not None and config.decoupled and on_partial is None:
             raise InvalidArgument(
                 f"model {model}/{chosen} is decoupled (it may answer a request several times): send its "
                 "requests over a stream (ModelStreamInfer; tritonclient's start_stream)"
             )
-        attempts = _Attempts(time.monotonic() + (timeout_s or self._timeout))
+        deadline = time.monotonic() + (timeout_s or self._timeout)
         rid = self._fwd.new_id()
         log["request_id"] = rid
-        key = routing_key or rid
         nbytes = sum(a.nbytes for a in inputs.values())
         features = self._snap.table.features_off if flags & FLAG_SECONDARY_OFF else ()
-        req = _Request(
-            model, chosen, key, rid, inputs, priority=priority, flags=flags, features=features,
-            nbytes=nbytes, parameters=parameters, sequence=sequence, pin=pin, on_partial=on_partial,
-            trace=trace, log=log, span=span, traceparent="" if span is None else tracing.traceparent(span),
+        req = Outgoing(
+            model, chosen, routing_key or rid, rid, inputs, priority=priority, flags=flags,
+            features=features, nbytes=nbytes, parameters=parameters, sequence=sequence, pin=pin,
+            on_partial=on_partial, trace=trace, log=log, span=span,
+            traceparent="" if span is None else tracing.traceparent(span),
         )  # fmt: skip
         if span is not None:
             span.set_attributes({"mcp.version": chosen, "mcp.request_id": rid})
         try:
-            return await self._attempt(route, req, attempts)
+            return await self._delivery.send(route, req, deadline)
         finally:
             if sequence is not None and sequence.end:
                 self._sequences.end(model, sequence)
-
-    async def _attempt(self, route: ModelRoute, req: _Request, attempts: _Attempts) -> InferResult:
-        """Send until answered, as the delivery rules allow (the module's docstring)."""
-        model, chosen, pin, trace = route.name, req.version, req.pin, req.trace
-        while True:
-            route = self._snap.table.models.get(model, route)
-            try:
-                if pin is not None:  # a placed sequence goes nowhere else
-                    if pin.worker in attempts.tried:
-                        raise attempts.final(_no_worker(model, chosen))
-                    worker = pin.worker
-                else:
-                    worker = self._pick(route, chosen, req.key, attempts.tried)
-            except Unavailable as err:  # none left: the last worker's answer says the most
-                raise attempts.final(err) from None
-            left = attempts.deadline - time.monotonic()
-            if left <= 0:
-                raise attempts.final(DeadlineExceeded(f"request to {model}/{chosen} ran out of time"))
-            if attempts.again:
-                self._stats.retried(attempts.again)
-            req.log["worker"] = worker
-            if req.span is not None:
-                req.span.set_attribute("mcp.worker", worker)
-                if attempts.again:
-                    req.span.add_event("retry", {"reason": attempts.again, "mcp.worker": worker})
-            partial = None
-            if req.on_partial is not None:
-                partial = self._partial(model, chosen, worker, attempts, req.on_partial)
-            if trace is not None:
-                trace.attribute("worker", worker)
-                trace.mark("FORWARD_START")
-            try:
-                reply = await self._fwd.send(
-                    worker,
-                    req.header(left),
-                    req.inputs,
-                    timeout_s=left,
-                    nbytes=req.nbytes,
-                    on_partial=partial,
-                )
-            except NotSent as err:  # never left this router: another worker may take it, no budget
-                attempts.failed(worker, not_started(err), "not_sent")
-                continue
-            except MayHaveStarted as err:
-                self._may_have_started(route, req, worker, attempts, err)
-                continue
-            if trace is not None:
-                trace.mark("FORWARD_END")
-            if req.sequence is not None and pin is None:  # placed where its first answer came from
-                endpoint = self._snap.table.workers.get(worker)
-                incarnation = endpoint.incarnation if endpoint is not None else ""
-                self._sequences.place(model, req.sequence, chosen, worker, incarnation)
-            if not reply.header.status_code:
-                return InferResult(model, reply.header.version or chosen, worker, reply.named())
-            if pin is not None and req.sequence is not None:
-                if reply.header.flags & wire.FLAG_DRAINING:
-                    raise self._sequences.lose(model, req.sequence, worker, "is draining")
-                wire.raise_for_status(reply.header)  # not started there, or failed: never another worker
-            self._refused(worker, reply.header, attempts)
-
-    def _may_have_started(
-        self, route: ModelRoute, req: _Request, worker: str, attempts: _Attempts, err: MayHaveStarted
-    ) -> None:
-        """The worker's link failed while it held the request: return to send it once more, or raise."""
-        model = route.name
-        if req.sequence is not None:
-            raise self._sequences.lose(
-                model, req.sequence, worker, "failed while the request was in flight"
-            ) from None
-        if not self._resend(route, req.version, worker, attempts):
-            self._stats.may_have_started(model)
-            raise Unavailable(
-                f"{err.message}; it may have started, so it was not sent again (model {model} is not "
-                "idempotent, or its one resend or the retry budget is spent): retry only if running it "
-                "twice is safe"
-            ) from None
-
-    @staticmethod
-    def _partial(
-        model: str, version: str, worker: str, attempts: _Attempts, on_partial: Callable[[InferResult], None]
-    ) -> Callable[[wire.Message], None]:
-        def partial(msg: wire.Message) -> None:
-            attempts.streamed = True
-            on_partial(InferResult(model, msg.header.version or version, worker, msg.named()))
-
-        return partial
-
-    def _resend(self, route: ModelRoute, version: str, worker: str, attempts: _Attempts) -> bool:
-        """After "may have started": whether the request goes out once more (idempotent models only).
-
-        Not drawn from the retry budget: once per request bounds it (a worker that dies holding 100
-        requests costs 100 resends, never more), and an idempotent model must lose nothing to a kill."""
-        attempts.tried.add(worker)
-        attempts.maybe_ran = True
-        if (
-            attempts.resent
-            or attempts.streamed
-            or not route.idempotent.get(version, False)
-            or time.monotonic() >= attempts.deadline
-        ):
-            return False
-        attempts.resent, attempts.again = True, "may_have_started"
-        return True
-
-    def _refused(self, worker: str, header: tensor_pb2.TensorHeader, attempts: _Attempts) -> None:
-        """A worker's error reply: raise it, unless it says "not started" and another worker may try."""
-        if not header.flags & wire.FLAG_RETRYABLE:
-            wire.raise_for_status(header)
-        error = not_started(error_for_code(header.status_code, header.status_message or "worker error"))
-        if header.flags & wire.FLAG_DRAINING:  # leaving: choose it no more; resending costs it nothing
-            self._fwd.mark_draining(worker)
-            attempts.failed(worker, error, "draining")
-            return
-        if not self._may_retry(attempts.deadline):
-            attempts.last = error
-            raise attempts.final(error)
-        attempts.failed(worker, error, "not_started")
-
-    def _may_retry(self, deadline: float) -> bool:
-        return time.monotonic() < deadline and self._budget.spend()

@@ -21,11 +21,11 @@ from prometheus_client import CollectorRegistry
 
 from mcp_router.config import RouterConfig
 from mcp_router.debug import snapshot_doc
-from mcp_router.kserve import KServeServicer
-from mcp_router.rest import RestFrontEnd
+from mcp_router.frontends.kserve_grpc import KServeServicer
+from mcp_router.frontends.kserve_rest import RestFrontEnd
+from mcp_router.frontends.mesh_grpc import InferenceV1, InferenceV2
+from mcp_router.frontends.shm_regions import SharedMemory
 from mcp_router.router import Router
-from mcp_router.servicer_v2 import InferenceV1, InferenceV2
-from mcp_router.shm import SharedMemory
 from mcp_router.snapshot import RoutingTable, Snapshots
 from mcp_router.stats import RequestStats, RouterMetrics, stats_publisher
 from mcp_router.trace import Tracer
@@ -34,16 +34,16 @@ from mcpapi.v1 import inference_pb2_grpc as v1_grpc
 from mcpapi.v2 import control_pb2, control_pb2_grpc, model_pb2
 from mcpapi.v2 import inference_pb2_grpc as v2_grpc
 from mcpcore import wire
-from mcpcore.errors import from_rpc_error
 from mcpcore.etcd_store import EtcdStore
-from mcpcore.forwarder import Forwarder
 from mcpcore.keys import Keyspace
 from mcpcore.looplag import LoopLagMonitor
 from mcpcore.metrics import start_metrics_server
+from mcpcore.record_signing import RecordVerifier
 from mcpcore.retry import RetryBudget
 from mcpcore.serving import GrpcService, advertised_host
-from mcpcore.signing import RecordVerifier
 from mcpcore.tls import aio_channel, load_curve_keypair
+from mcpcore.transport.forwarder import Forwarder
+from mcpcore.transport.grpc_status import from_rpc_error
 
 __all__ = ["RouterServer"]
 
@@ -65,8 +65,8 @@ class RouterServer:
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
         self.metrics = RouterMetrics(CollectorRegistry())
-        self.keys = Keyspace(config.etcd_prefix)
-        self.store = EtcdStore(config.etcd_endpoints, timeout=config.etcd_timeout_s, auth=config.etcd_auth)
+        self.keys = Keyspace(config.etcd.prefix)
+        self.store = EtcdStore(config.etcd.endpoints, timeout=config.etcd.timeout_s, auth=config.etcd.auth)
         self.forwarder = Forwarder(
             max_in_flight=config.max_in_flight_per_worker,
             max_bytes=config.max_bytes_in_flight,
@@ -96,6 +96,7 @@ class RouterServer:
             on_applied=self.metrics.watch_apply.labels("router").observe,
             on_swap=self._swapped,
             verifier=RecordVerifier(config.tls.ca_file) if config.tls.ca_file else None,
+            instance=config.router_id,
         )
         self.stats = RequestStats(self.metrics, window_s=config.stats_window_s)
         self.endpoints: dict[str, str] = {}
@@ -129,8 +130,8 @@ class RouterServer:
             maximum_concurrent_rpcs=config.max_concurrent_rpcs,
             tls=config.tls,
             options=[
-                ("grpc.max_receive_message_length", 64 << 20),
-                ("grpc.max_send_message_length", 64 << 20),
+                ("grpc.max_receive_message_length", MESSAGE_LIMIT),
+                ("grpc.max_send_message_length", MESSAGE_LIMIT),
                 # only router processes of one --processes share a port; another router there is an error
                 ("grpc.so_reuseport", 1 if config.reuse_port else 0),
             ],
@@ -155,8 +156,8 @@ class RouterServer:
         cfg = self.config
         self._lag.start()
         self._metrics_server, metrics_port = start_metrics_server(
-            cfg.metrics_port,
-            cfg.metrics_host,
+            cfg.metrics.port,
+            cfg.metrics.host,
             registry=self.metrics.registry,
             # runs on the HTTP server's thread: reads the table swapped whole, and the forwarder's counters
             routes={
@@ -169,7 +170,7 @@ class RouterServer:
             kserve_grpc.add_GRPCInferenceServiceServicer_to_server,
             KServeServicer(self.router, version=VERSION, shm=self.shm, tracer=self.tracer),
         )
-        port = await self.grpc.start(cfg.grpc_host, cfg.grpc_port)
+        port = await self.grpc.start(cfg.grpc.host, cfg.grpc.port)
         rest_port = None
         if cfg.rest_port >= 0:
             rest_port = await self.rest.start(cfg.rest_host, cfg.rest_port, reuse_port=cfg.reuse_port)
@@ -180,11 +181,11 @@ class RouterServer:
         self.endpoints = {
             "router_id": cfg.router_id,
             "pid": str(os.getpid()),
-            "grpc": f"{advertised_host(cfg.grpc_host, cfg.advertise_host)}:{port}",
-            "metrics": f"{advertised_host(cfg.metrics_host, cfg.advertise_host)}:{metrics_port}",
+            "grpc": f"{advertised_host(cfg.grpc.host, cfg.advertise.host)}:{port}",
+            "metrics": f"{advertised_host(cfg.metrics.host, cfg.advertise.host)}:{metrics_port}",
         }
         if rest_port is not None:
-            self.endpoints["rest"] = f"{advertised_host(cfg.rest_host, cfg.advertise_host)}:{rest_port}"
+            self.endpoints["rest"] = f"{advertised_host(cfg.rest_host, cfg.advertise.host)}:{rest_port}"
         return self.endpoints
 
     async def stop(self) -> None:

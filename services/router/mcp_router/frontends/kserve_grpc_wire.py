@@ -2,11 +2,10 @@
 views into the buffer grpc received, and a response's ``raw_output_contents`` are written once, into the
 bytes grpc sends.
 
-Why: protobuf (upb) copies a bytes field when it parses it, again when Python reads it, again on append
-and again on serialize; a 16 MiB tensor each way cost the router seven payload-sized copies on its event
-loop. Here only the top level of a large request is walked (protobuf's wire format: a tag, then a varint,
-8 or 4 fixed bytes, or a length and that many bytes); every field but ``raw_input_contents`` (7) goes to
-protobuf unchanged and is parsed there.
+Only the top level of a large request is walked (protobuf's wire format: a tag, then a varint, 8 or 4
+fixed bytes, or a length and that many bytes); every field but ``raw_input_contents`` (7) goes to
+protobuf unchanged and is parsed there, since protobuf copies a bytes field on every parse, read, append
+and serialize.
 
 Invariants:
 - A request that does not walk cleanly (a truncated field, a group, a varint past 10 bytes) is parsed by

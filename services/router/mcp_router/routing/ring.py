@@ -1,22 +1,19 @@
 """Consistent hashing over one (model, version)'s RUNNING replicas: weighted virtual nodes, bounded loads.
 
 This fixes the article's ``ConsistentHash`` (DESIGN.md section 11 item 1): the ring is sorted once when it
-is built, not on every lookup; each node gets ~100 virtual nodes per unit of capacity, not 3; nodes can be
-removed; and the hash is named: xxh3_64, the same in every process (never Python's salted ``hash()``).
+is built, not on every lookup; each node gets ~100 virtual nodes per unit of capacity, not 3; and the hash
+is named: xxh3_64, the same in every process (never Python's salted ``hash()``).
 
 Invariants:
-- A ``HashRing`` is immutable. A membership change builds a new ring (``with_node``/``without``), which the
-  router swaps in atomically, so a lookup never sees a half-built ring.
+- A ``HashRing`` is immutable: a membership change builds a new ring, which the routing table swaps in
+  whole, so a lookup never sees a half-built ring.
 - A virtual node's position depends only on its own node id and index (``xxh3_64(f"{node}#{i}")``), so
   adding or removing a node moves only the keys that land on that node's arcs: ~1/n of them.
-- A key belongs to the first virtual node at or clockwise after ``xxh3_64(key)``, wrapping at 2**64.
-  ``lookup`` answers most keys from a bucket table (one shift, one index) and the rest by ``bisect``;
-  both give the same owner (tested at every vnode and bucket edge).
-- An empty ring has no owner for any key: ``lookup`` and ``lookup_bounded`` raise ``EmptyRing`` (an
-  ``Unavailable``, so retryable); the router catches it to add the model's name to the message.
-- ``lookup_bounded`` is the router's one pick: the owner when it is below its cap, else the next distinct
-  nodes in ring order; nodes in ``exclude`` (tried, disconnected, draining, full) are passed over and the
-  caps are shared among the others.
+- A key belongs to the first virtual node at or clockwise after ``xxh3_64(key)``, wrapping at 2**64; most
+  keys find it in a bucket table (one shift, one index), the rest by ``bisect``, with the same answer.
+- ``lookup_bounded`` is the router's one lookup (``routing.pick``): the owner when it is below its cap,
+  else the next distinct nodes in ring order; nodes in ``exclude`` (tried) are passed over and the caps
+  are shared among the others. An empty ring raises ``EmptyRing`` (an ``Unavailable``: retryable).
 
 Pure: no I/O, nothing here knows about gRPC, ZeroMQ or etcd.
 """
@@ -33,25 +30,17 @@ from xxhash import xxh3_64_intdigest
 
 from mcpcore.errors import Unavailable
 
-__all__ = ["DEFAULT_VNODES_PER_UNIT", "EmptyRing", "HashRing", "ring_hash"]
+__all__ = ["DEFAULT_VNODES_PER_UNIT", "EmptyRing", "HashRing"]
 
 DEFAULT_VNODES_PER_UNIT = 100
-_MAX_TABLE_BITS = 20  # the lookup shortcut never takes more than 8 MiB, whatever the ring's size
-
-# node id -> its virtual nodes' hashes, kept so that a membership change rehashes only the changed node
-_VNodes = dict[str, tuple[int, ...]]
+_MAX_TABLE_BITS = 20  # the bucket table never takes more than 8 MiB, whatever the ring's size
 
 
 class EmptyRing(Unavailable):
-    """No node to route to. Retryable: replicas may come back; the router adds the model to the message."""
+    """No node to route to. Retryable: replicas may come back."""
 
     def __init__(self, message: str = "no RUNNING replica to route to") -> None:
         super().__init__(message)
-
-
-def ring_hash(key: str | bytes) -> int:
-    """The ring's position of ``key`` (str as UTF-8): xxh3_64, stable across processes and hosts."""
-    return xxh3_64_intdigest(key.encode() if isinstance(key, str) else key)
 
 
 def _vnode_hashes(node: str, weight: float, vnodes_per_unit: int) -> tuple[int, ...]:
@@ -62,7 +51,7 @@ def _vnode_hashes(node: str, weight: float, vnodes_per_unit: int) -> tuple[int, 
 
 
 def _bucket_table(hashes: list[int], owners: list[str]) -> tuple[list[str | None], int]:
-    """A direct-mapped shortcut for ``lookup``: the hash space cut into 2**bits equal buckets.
+    """A direct-mapped shortcut for finding a key's owner: the hash space cut into 2**bits equal buckets.
 
     A bucket that holds no virtual node has one owner for every key in it (the next vnode's): the table
     stores it, and a lookup is a shift and an index. A bucket that holds a vnode stores None, and the lookup
@@ -70,7 +59,7 @@ def _bucket_table(hashes: list[int], owners: list[str]) -> tuple[list[str | None
     bisect over 64-bit ints is most of a lookup's time) for 32 to 64 bytes per vnode.
     """
     if not hashes:
-        return [None], 64  # every hash >> 64 is 0: the None sends lookup to bisect, which finds no owner
+        return [None], 64  # every hash >> 64 is 0: an empty ring is refused before the table is read
     bits = min(_MAX_TABLE_BITS, (len(hashes) - 1).bit_length() + 2)
     shift = 64 - bits
     table: list[str | None] = [None] * (1 << bits)
@@ -91,97 +80,39 @@ class HashRing:
     virtual nodes, so a node of weight 2 owns about twice the keys of a node of weight 1.
     """
 
-    __slots__ = (
-        "_hashes",
-        "_nodes",
-        "_owners",
-        "_shares",
-        "_shift",
-        "_table",
-        "_total_weight",
-        "_vnodes",
-        "_vnodes_per_unit",
-    )
+    __slots__ = ("_hashes", "_nodes", "_owners", "_shares", "_shift", "_table")
 
     def __init__(self, nodes: Mapping[str, float], *, vnodes_per_unit: int = DEFAULT_VNODES_PER_UNIT) -> None:
         if vnodes_per_unit < 1:
             raise ValueError(f"vnodes_per_unit must be at least 1, got {vnodes_per_unit}")
-        vnodes = {node: _vnode_hashes(node, weight, vnodes_per_unit) for node, weight in nodes.items()}
-        self._build(dict(nodes), vnodes, vnodes_per_unit)
-
-    def _build(self, weights: dict[str, float], vnodes: _VNodes, per_unit: int) -> None:
+        weights = dict(nodes)
         # Ties between equal hashes (2**-64 apart, but possible) break by node id, so every process
         # builds the same ring from the same membership whatever the mapping's order.
-        points = sorted((h, node) for node, hashes in vnodes.items() for h in hashes)
+        points = sorted(
+            (h, node)
+            for node, weight in weights.items()
+            for h in _vnode_hashes(node, weight, vnodes_per_unit)
+        )
         self._hashes: list[int] = [h for h, _ in points]
-        # One extra owner past the end: a key hashing after the last vnode wraps to the first one, and
-        # ``lookup`` needs no branch for it.
+        # One extra owner past the end: a key hashing after the last vnode wraps to the first one, with
+        # no branch for it.
         self._owners: list[str] = ([node for _, node in points] + [points[0][1]]) if points else []
         self._table, self._shift = _bucket_table(self._hashes, self._owners)
         self._nodes: Mapping[str, float] = MappingProxyType(weights)
-        self._total_weight = sum(weights.values())
+        total = sum(weights.values())
         # each node's fraction of the ring's weight: its bounded-load cap is that fraction of c * (total + 1)
-        self._shares = {n: w / self._total_weight for n, w in weights.items()}
-        self._vnodes = vnodes
-        self._vnodes_per_unit = per_unit
-
-    @classmethod
-    def _from_parts(cls, weights: dict[str, float], vnodes: _VNodes, per_unit: int) -> HashRing:
-        ring = cls.__new__(cls)
-        ring._build(weights, vnodes, per_unit)
-        return ring
-
-    # -- membership ------------------------------------------------------------------------------------
+        self._shares = {n: w / total for n, w in weights.items()}
 
     @property
     def nodes(self) -> Mapping[str, float]:
         """Node id -> capacity weight (read-only)."""
         return self._nodes
 
-    @property
-    def vnodes_per_unit(self) -> int:
-        return self._vnodes_per_unit
-
     def __len__(self) -> int:
         return len(self._nodes)
 
-    def __contains__(self, node: object) -> bool:
-        return node in self._nodes
-
     def __repr__(self) -> str:
-        return f"HashRing({dict(self._nodes)!r}, vnodes_per_unit={self._vnodes_per_unit})"
-
-    def without(self, node: str) -> HashRing:
-        """A ring without ``node`` (this ring if it has no such node): only that node's keys move."""
-        if node not in self._nodes:
-            return self
-        weights = {n: w for n, w in self._nodes.items() if n != node}
-        vnodes = {n: h for n, h in self._vnodes.items() if n != node}
-        return self._from_parts(weights, vnodes, self._vnodes_per_unit)
-
-    def with_node(self, node: str, weight: float = 1.0) -> HashRing:
-        """A ring with ``node`` added (or its weight changed): only keys that land on its vnodes move."""
-        weights = dict(self._nodes)
-        weights[node] = weight
-        vnodes = dict(self._vnodes)
-        vnodes[node] = _vnode_hashes(node, weight, self._vnodes_per_unit)
-        return self._from_parts(weights, vnodes, self._vnodes_per_unit)
-
-    # -- lookups ---------------------------------------------------------------------------------------
-
-    def lookup(self, key: str | bytes) -> str:
-        """The node owning ``key``: O(1) for most keys, O(log v) over v virtual nodes for the rest.
-
-        Raises ``EmptyRing`` on an empty ring.
-        """
-        h = xxh3_64_intdigest(key.encode() if isinstance(key, str) else key)
-        owner = self._table[h >> self._shift]
-        if owner is not None:
-            return owner
-        try:
-            return self._owners[bisect_left(self._hashes, h)]
-        except IndexError:  # only an empty ring has no owner at any index (see the sentinel in _build)
-            raise EmptyRing() from None
+        return f"HashRing({dict(self._nodes)!r})"
 
     def _walk(self, start: int, want: int) -> Iterator[str]:
         """Distinct nodes in ring order from vnode ``start``: the owner first, then where an overflow goes."""

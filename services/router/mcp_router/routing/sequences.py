@@ -23,10 +23,13 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from mcp_router.dataplane import SequenceFlags
-from mcp_router.snapshot import ModelRoute, RoutingTable
 from mcpcore.errors import Aborted, InvalidArgument
+
+if TYPE_CHECKING:
+    from mcp_router.dataplane import SequenceFlags
+    from mcp_router.snapshot import ModelRoute, RoutingTable
 
 __all__ = ["IDLE_S", "SWEEP_EVERY", "Pin", "Sequences"]
 

@@ -1,4 +1,5 @@
-"""``mcpapi.v2.Inference`` and ``mcpapi.v1.Inference``: thin adapters over the DataPlane (v1 adds nothing).
+"""The mesh's own gRPC services, ``mcpapi.v2.Inference`` and ``mcpapi.v1.Inference``: thin adapters over the
+DataPlane (v1 serves the older contract: no candidates, priority, output selection or tracing).
 
 With tracing on (``mcpcore.tracing``), a v2 Infer call's W3C ``traceparent``/``tracestate`` metadata is
 the trace context its span is a child of.
@@ -19,10 +20,10 @@ from mcpapi.v2 import inference_pb2_grpc as v2_grpc
 from mcpcore import dtypes, tracing
 from mcpcore.errors import InvalidArgument
 
-__all__ = ["InferenceV1", "InferenceV2", "to_arrays"]
+__all__ = ["InferenceV1", "InferenceV2"]
 
 
-def to_arrays(tensors: Iterable[tuple[str, str, tuple[int, ...], bytes]]) -> dict[str, np.ndarray]:
+def _arrays(tensors: Iterable[tuple[str, str, tuple[int, ...], bytes]]) -> dict[str, np.ndarray]:
     """(name, dtype name, shape, raw bytes) -> arrays viewing the bytes (no copy), sizes checked."""
     out: dict[str, np.ndarray] = {}
     for name, dtype_name, shape, data in tensors:
@@ -68,7 +69,7 @@ class InferenceV2(v2_grpc.InferenceServicer):
         )
 
     async def Infer(self, request, context):  # type: ignore[no-untyped-def]
-        inputs = to_arrays((t.name, dtypes.name_of(t.dtype), tuple(t.shape), t.data) for t in request.inputs)
+        inputs = _arrays((t.name, dtypes.name_of(t.dtype), tuple(t.shape), t.data) for t in request.inputs)
         left = context.time_remaining()
         timeout = request.timeout_us / 1e6 if request.timeout_us else left
         caller = None
@@ -116,7 +117,7 @@ class InferenceV1(v1_grpc.InferenceServicer):
         )
 
     async def Infer(self, request, context):  # type: ignore[no-untyped-def]
-        inputs = to_arrays((t.name, t.dtype, tuple(t.shape), t.data) for t in request.inputs)
+        inputs = _arrays((t.name, t.dtype, tuple(t.shape), t.data) for t in request.inputs)
         result: InferResult = await self._p.infer(
             request.model,
             request.version,

@@ -19,14 +19,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from mcp_router.frontends.kserve_codec import EMPTY_FINAL
 from mcpapi.kserve import grpc_service_pb2 as pb
 from mcpcore.errors import MCPError, ResourceExhausted, log_unexpected
 
-__all__ = ["ANSWERS", "EMPTY_FINAL", "FINAL", "IN_FLIGHT", "Infer", "serve"]
+__all__ = ["ANSWERS", "FINAL", "IN_FLIGHT", "Infer", "serve"]
 
 IN_FLIGHT = 1024  # requests of one stream running at once
 ANSWERS = 4096  # decoupled answers of one stream waiting to be sent
-EMPTY_FINAL = "triton_enable_empty_final_response"
 FINAL = "triton_final_response"
 
 #: Runs one request; a decoupled model's answers before its last go to the callback as they come.

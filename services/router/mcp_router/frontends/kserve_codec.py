@@ -1,0 +1,280 @@
+"""What the KServe V2 gRPC and REST doors share: request parameters, shapes, shared memory references,
+server metadata, repository and trace settings, and the one call into the DataPlane.
+
+Both adapters (``kserve_grpc``, ``kserve_rest``) decode their transport's tensors and parameters into the
+values here and nothing else: neither imports the other.
+
+Invariants:
+- Request parameters are Triton's: "priority" (int64 or uint64), "timeout" (int64, microseconds, 0 =
+  none), "routing_key" (string; else "sequence_id" keys the route), "sequence_id" (int or string; 0 or
+  "" = none) with "sequence_start"/"sequence_end" (bools). Every other parameter (scalars only, at most
+  ``MAX_PARAMETERS`` and ``MAX_PARAMETER_BYTES``) goes on to the worker's backend as a string, but the
+  transports' own (triton_enable_empty_final_response, binary_data_output). A caller's deadline, when
+  shorter than "timeout", bounds the request.
+- Bad input is ``InvalidArgument`` naming the tensor or parameter; nothing here knows a status code.
+- ``infer`` is the one request path of both doors: the Triton trace (TraceSetting) around the DataPlane
+  call, under the caller's OpenTelemetry context when tracing is on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mcp_router import trace
+from mcp_router.dataplane import DataPlane, InferResult, SequenceFlags
+from mcpcore import tracing
+from mcpcore.errors import InvalidArgument, NotFound, Unavailable
+
+__all__ = [
+    "EMPTY_FINAL",
+    "EXTENSIONS",
+    "MAX_PARAMETERS",
+    "MAX_PARAMETER_BYTES",
+    "NO_CUDA_SHM",
+    "SERVER_NAME",
+    "InferOptions",
+    "Request",
+    "check_shape",
+    "infer",
+    "infer_options",
+    "load_version",
+    "shm_reference",
+    "trace_settings",
+]
+
+SERVER_NAME = "mcpmesh"
+#: Protocol extensions served (ServerMetadata): Triton's model repository (index, load, unload), model
+#: configuration (ModelConfig), statistics (ModelStatistics), system shared memory, binary tensor data
+#: (REST), request parameters (to the backends), sequences (sequence_id/start/end, sticky), trace
+#: (TraceSetting: Triton's JSON trace file) and logging (LogSettings: the router's own log level).
+EXTENSIONS = (
+    "model_repository",
+    "model_configuration",
+    "statistics",
+    "system_shared_memory",
+    "binary_tensor_data",
+    "parameters",
+    "sequence",
+    "trace",
+    "logging",
+)
+NO_CUDA_SHM = Unavailable(
+    "CUDA shared memory is not available: the router runs no CUDA; use system shared memory "
+    "(SystemSharedMemoryRegister) or send the tensors"
+)
+
+#: A stream's flag (Triton's): each answer says whether it is the last, and a decoupled model's empty
+#: last one is sent.
+EMPTY_FINAL = "triton_enable_empty_final_response"
+#: Parameters the front doors act on; every other one goes on to the backend.
+_CONSUMED_PARAMETERS = frozenset(
+    {"routing_key", "priority", "timeout", EMPTY_FINAL, "sequence_id", "sequence_start",
+     "sequence_end", "binary_data_output"}
+)  # fmt: skip
+MAX_PARAMETERS = 64  # passed on to the backend, per request
+MAX_PARAMETER_BYTES = 16 << 10  # their keys and values in all (the ZeroMQ header holds them)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One inference as either door decoded it. ``request_id`` is the client's, only echoed (the wire id
+    is the router's); ``outputs``: the names asked for (empty: all)."""
+
+    model: str
+    version: str
+    request_id: str
+    inputs: Mapping[str, np.ndarray]
+    options: InferOptions
+    outputs: tuple[str, ...] = ()
+
+
+async def infer(
+    dataplane: DataPlane,
+    tracer: trace.Tracer,
+    request: Request,
+    *,
+    caller: Any = None,
+    on_partial: Callable[[InferResult], None] | None = None,
+) -> InferResult:
+    """Run one request through the DataPlane, traced (TraceSetting) when sampled. ``caller``: the trace
+    context the request's span is a child of (None: tracing off)."""
+    traced = trace.begin(tracer, request.model, request.version, request.request_id, request.inputs)
+    token = tracing.attach(caller) if caller is not None else None
+    options = request.options
+    try:
+        result = await dataplane.infer(
+            request.model,
+            request.version,
+            request.request_id,
+            request.inputs,
+            routing_key=options.routing_key,
+            priority=options.priority,
+            timeout_s=options.timeout_s,
+            outputs=request.outputs,
+            parameters=options.parameters,
+            sequence=options.sequence,
+            on_partial=on_partial,
+            trace=traced,
+        )
+    except BaseException:
+        trace.end(traced)
+        raise
+    finally:
+        if token is not None:
+            tracing.detach(token)
+    trace.end(traced, result.outputs)
+    return result
+
+
+def trace_settings(
+    tracer: trace.Tracer, dataplane: DataPlane, model: str, changes: Mapping[str, Any]
+) -> dict[str, list[str]]:
+    """A client's TraceSetting (either door): the settings in force (global, or ``model``'s) after
+    ``changes``, which may be none; a model must be one the cluster has."""
+    if model and not any(e.name == model for e in dataplane.index()):
+        raise NotFound(f"model {model} is not loaded; its trace settings can be set once it is")
+    return trace.client_update(tracer, changes, model) if changes else tracer.settings(model)
+
+
+def load_version(values: Mapping[str, Any]) -> str:
+    """The version a repository load asks for ("" = the model's default) from its parameters (gRPC's
+    InferParameter values or REST's JSON): only "version", a string, is taken."""
+    version = ""
+    for key, value in values.items():
+        if key == "version":
+            if not isinstance(value, str):
+                raise InvalidArgument("load parameter 'version' must be a string (string_param)")
+            version = value
+        elif key == "config" or key.startswith("file:"):
+            raise InvalidArgument(
+                f"load parameter {key!r} is not supported: models come from the cluster's repository "
+                "(model.yaml); pass only an optional 'version' string"
+            )
+        else:
+            raise InvalidArgument(f"unknown load parameter {key!r}; the only one is 'version' (a string)")
+    return version
+
+
+MAX_DIM = (1 << 31) - 1  # no dimension past this (numpy and the wire could not take it anyway)
+
+
+def check_shape(what: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A tensor's shape from a client: non-negative dimensions numpy can hold."""
+    if not shape:
+        return shape
+    if min(shape) < 0:
+        raise InvalidArgument(f"{what}: shape {list(shape)} has a negative dimension")
+    if max(shape) > MAX_DIM or math.prod(shape) > MAX_DIM:
+        raise InvalidArgument(f"{what}: shape {list(shape)} is too large (at most {MAX_DIM} elements)")
+    return shape
+
+
+def shm_reference(values: Mapping[str, Any], what: str) -> tuple[str, int, int]:
+    """(region, offset, byte size) from a tensor's shared memory parameters (Triton's names)."""
+    region, size, offset = (
+        values.get("shared_memory_region"),
+        values.get("shared_memory_byte_size"),
+        values.get("shared_memory_offset", 0),
+    )
+    if not isinstance(region, str) or not region:
+        raise InvalidArgument(f"{what}: shared_memory_region must name a registered region")
+    for key, value in (("shared_memory_byte_size", size), ("shared_memory_offset", offset)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidArgument(f"{what}: {key} must be an integer >= 0, got {value!r}")
+    return region, int(offset), int(size)  # type: ignore[arg-type]
+
+
+# --- parameters --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InferOptions:
+    routing_key: str = ""
+    priority: int = 0
+    timeout_s: float | None = None
+    parameters: Mapping[str, str] = field(default_factory=dict)
+    sequence: SequenceFlags | None = None
+
+
+def infer_options(values: Mapping[str, Any], deadline_s: float | None = None) -> InferOptions:
+    """Triton's request parameters (their values: from gRPC's InferParameter or REST's JSON) as DataPlane
+    arguments; ``deadline_s`` is the time the caller has left."""
+    routing_key = values.get("routing_key")
+    if routing_key is not None and not isinstance(routing_key, str):
+        raise InvalidArgument("parameter routing_key must be a string (string_param)")
+    sequence = _sequence(values)
+    if routing_key is None:
+        routing_key = sequence.id if sequence is not None else ""
+    priority = _int_param(values, "priority")
+    timeout_us = _int_param(values, "timeout")
+    if timeout_us < 0:
+        raise InvalidArgument(f"parameter timeout is {timeout_us}; give microseconds >= 0 (0 = no timeout)")
+    timeout_s = timeout_us / 1e6 if timeout_us else None
+    if deadline_s is not None:
+        timeout_s = deadline_s if timeout_s is None else min(timeout_s, deadline_s)
+    rest = _passed_on(values)
+    return InferOptions(routing_key, priority, timeout_s, rest, sequence)
+
+
+def _passed_on(values: Mapping[str, Any]) -> dict[str, str]:
+    """The parameters for the backend: scalars as strings, bounded in number and size."""
+    rest = {}
+    for key, value in values.items():
+        if key in _CONSUMED_PARAMETERS:
+            continue
+        if isinstance(value, (dict, list)):
+            raise InvalidArgument(
+                f"parameter {key} must be a string, a number or a bool, not a JSON {type(value).__name__}"
+            )
+        rest[key] = _param_str(value)
+    if len(rest) > MAX_PARAMETERS:
+        raise InvalidArgument(f"{len(rest)} request parameters; at most {MAX_PARAMETERS} go to the model")
+    size = sum(len(k) + len(v) for k, v in rest.items())
+    if size > MAX_PARAMETER_BYTES:
+        raise InvalidArgument(
+            f"request parameters are {size} bytes; at most {MAX_PARAMETER_BYTES} go to the model (send data "
+            "as tensors)"
+        )
+    return rest
+
+
+def _sequence(values: Mapping[str, Any]) -> SequenceFlags | None:
+    """The request's sequence, Triton's way: a non-zero integer or non-empty string id, and bools."""
+    raw = values.get("sequence_id")
+    flags = {}
+    for key in ("sequence_start", "sequence_end"):
+        flag = values.get(key, False)
+        if not isinstance(flag, bool):
+            raise InvalidArgument(f"parameter {key} must be a bool (bool_param), got {flag!r}")
+        flags[key] = flag
+    if isinstance(raw, bool) or not isinstance(raw, (int, str, type(None))):
+        raise InvalidArgument("parameter sequence_id must be an integer or a string")
+    if raw in (None, 0, ""):
+        if flags["sequence_start"] or flags["sequence_end"]:
+            raise InvalidArgument(
+                "sequence_start and sequence_end need a sequence_id (non-zero, or a string)"
+            )
+        return None
+    if isinstance(raw, str) and len(raw) > 256:
+        raise InvalidArgument("parameter sequence_id is longer than 256 characters")
+    return SequenceFlags(str(raw), flags["sequence_start"], flags["sequence_end"])
+
+
+def _int_param(values: Mapping[str, Any], key: str) -> int:
+    value = values.get(key)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"parameter {key} must be an integer (int64_param or uint64_param)")
+    return value
+
+
+def _param_str(value: bool | int | float | str | None) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "" if value is None else str(value)
