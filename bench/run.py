@@ -28,11 +28,10 @@ from typing import Any
 import numpy as np
 
 from mcp_worker.backends import create_backend
-from mcp_worker.batching import BatchConfig, Dispatcher
+from mcp_worker.batching import BatchConfig, Dispatcher, ModelShare
 from mcp_worker.repository import ModelRepository
-from mcp_worker.sharing import ModelShare
-from mcpcore.crypto import Keyring
-from mcpcore.modelspec import parse_model_yaml
+from mcpcore.keyring import Keyring
+from mcpcore.model_yaml import parse_model_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -111,7 +110,10 @@ async def _closed_loop(config: BatchConfig, run_batch: Callable[..., Any], concu
         async def client(i: int) -> None:
             nonlocal done
             while time.perf_counter() < stop_at:
-                await queue.submit(f"c{i}-{done}", {"INPUT0": rows[i]})
+                answer = asyncio.get_running_loop().create_future()
+                queue.enqueue(f"c{i}-{done}", {"INPUT0": rows[i]}, answer.set_result)
+                if isinstance(result := await answer, BaseException):
+                    raise result
                 done += 1
 
         started = time.perf_counter()

@@ -25,18 +25,18 @@ level 2 drops, saving the head's work. Dense weights are stored ``[in, out]`` (`
                              request parameter ``delay_ms`` paces them
     keyring.json             the demo key, id ``demo-key``, mode 0600
     <model>/<version>/manifest.json  every file of that version with its sha256 and size, and
-    index.json               every model and version in ``--out`` (``mcp_worker.manifest``): what a remote
+    index.json               every model and version in ``--out`` (``mcp_worker.repository``): what a remote
                              repository (an http(s):// server or s3:// bucket holding a copy of ``--out``)
                              needs; ``python -m mcp_worker.repository publish DIR`` rewrites both for any
                              folder after it changes
 
 The demo key is derived from a fixed public string, so it is NOT a secret: it exists so that the encrypted
 demo loads out of the box. Never use it (or this script's keyring) for a real model; make real keys with
-``mcpcore.crypto.generate_key``.
+``mcpcore.keyring.generate_key``.
 
 Invariants: no downloads, no clocks, fixed seeds (``np.random.default_rng``): every file is byte-for-byte
 the same on every run, except ``demo-mlp-enc/1/weights.safetensors.enc``, whose GCM nonce
-``mcpcore.crypto`` draws at random per file, as it must, and the manifest that lists it
+``mcpcore.model_encryption`` draws at random per file, as it must, and the manifest that lists it
 (``VARYING_FILES``). ``make_models`` returns the sha256 of each file written, keyed by its path relative to
 ``--out``. Without ``--force`` an existing demo model is an error; with it, only the demo models'
 directories, the keyring and ``index.json`` are replaced, never anything else in ``--out``.
@@ -57,8 +57,9 @@ import safetensors.numpy
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from mcp_worker.manifest import INDEX, MANIFEST, index_document, manifest_document, scan
-from mcpcore.crypto import encrypt_model_bytes, write_keyring
+from mcp_worker.repository.manifest import INDEX, MANIFEST, index_document, manifest_document, scan
+from mcpcore.keyring import write_keyring
+from mcpcore.model_encryption import encrypt_model_bytes
 
 __all__ = [
     "DEMO_KEY_ID", "DEMO_MODELS", "ENCRYPTED_FILES", "FAULT_RATIO_FILE", "VARYING_FILES", "demo_key",

@@ -1,6 +1,6 @@
 """Fuzzing the worker's ZeroMQ port: hostile multipart messages on a raw DEALER, against a real worker.
 
-Contract (DESIGN.md section 3, ``mcp_worker.zmq_server``): nothing a peer sends stops the server. A
+Contract (DESIGN.md section 3, ``mcp_worker.tensor_server``): nothing a peer sends stops the server. A
 message is answered with an error reply whose status message is clear (no traceback, names what is
 wrong), or, for what has nothing to answer (a cancel, an empty coalesced message), not at all; the
 receive loop never fails (``mcp_loop_errors_total`` stays where it was), and a valid request sent after

@@ -16,9 +16,11 @@ import pytest
 
 from mcp_worker.backends import Backend, create_backend
 from mcp_worker.backends.numpy_backend import INJECTED_FAULT
-from mcpcore.crypto import Keyring, decrypt_file
 from mcpcore.errors import Unavailable
-from mcpcore.modelspec import ModelConfig, TensorSpec, load_model_yaml
+from mcpcore.keyring import Keyring
+from mcpcore.model_encryption import decrypt_file
+from mcpcore.model_yaml import load_model_yaml
+from mcpcore.modelspec import ModelConfig, TensorSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "make_models.py"

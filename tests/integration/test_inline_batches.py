@@ -1,6 +1,7 @@
-"""Fast models' batches run on the worker's event loop (``mcp_worker.inline``), against a real worker process
-over ZeroMQ: the worker counts them (``mcp_worker_inline_batches_total``), every answer stays right, a model
-behind a 50 ms sleep never runs there, and ``inline_batch_ms`` 0 keeps every batch on the threads."""
+"""Fast models' batches run on the worker's event loop (``mcp_worker.batching.inline``), against a real worker
+process over ZeroMQ: the worker counts them (``mcp_worker_inline_batches_total``), every answer stays
+right, a model behind a 50 ms sleep never runs there, and ``inline_batch_ms`` 0 keeps every batch on the
+threads."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 from harness import TensorClient, make_demo_repository, metric, mlp_reference, serving_worker
 
-from mcp_worker.inline import WINDOW
+from mcp_worker.batching.inline import WINDOW
 
 FAST = ("demo-mlp", "demo-onnx")  # numpy and onnxruntime (same weights): both may run inline
 RUNS = 3 * WINDOW  # one request at a time: each its own batch

@@ -1,4 +1,4 @@
-"""Large tensor frames reach the handler as views of libzmq's own buffers (no copy), checked against
+"""Large tensor frames reach the request path as views of libzmq's own buffers (no copy), checked against
 their header: a frame that contradicts it is refused, and the server goes on."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from mcp_worker.zmq_server import TensorServer
+from mcp_worker.tensor_server.server import TensorServer
 from mcpapi.v2 import tensor_pb2
 from mcpcore import wire
 from mcpcore.errors import InvalidArgument
@@ -22,10 +22,11 @@ MiB = 1 << 20
 async def server(tmp_path):
     seen: list[np.ndarray] = []
 
-    async def echo(msg: wire.Message, partial) -> tuple[str, dict[str, np.ndarray]]:
+    def echo(msg: wire.Message, partial, done):  # type: ignore[no-untyped-def]
         named = msg.named()
         seen.extend(named.values())
-        return "1", {name: arr.copy() for name, arr in named.items()}
+        done(("1", {name: arr.copy() for name, arr in named.items()}))
+        return lambda: None
 
     srv = TensorServer(f"ipc://{tmp_path}/t.sock", echo)
     await srv.start()
@@ -53,7 +54,7 @@ async def test_a_large_tensor_arrives_as_a_view_of_the_received_frame_and_round_
     np.testing.assert_array_equal(reply.named()["X"], x)
     np.testing.assert_array_equal(reply.named()["small"], np.arange(4))
     owner = seen[0]
-    while isinstance(owner, np.ndarray):  # the handler's array is a view ... of a view ... of the frame
+    while isinstance(owner, np.ndarray):  # the starter's array is a view ... of a view ... of the frame
         assert not owner.flags.owndata
         owner = owner.base
     assert isinstance(owner, memoryview) and isinstance(owner.obj, zmq.Frame)

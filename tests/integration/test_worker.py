@@ -30,13 +30,15 @@ from harness import (
 )
 
 from mcpapi.v2 import model_pb2, tensor_pb2, worker_pb2
-from mcpcore import crypto, wire
+from mcpcore import wire
 from mcpcore.errors import (
     InvalidArgument,
     ResourceExhausted,
     Unavailable,
 )
+from mcpcore.keyring import Keyring, generate_key
 from mcpcore.keys import Keyspace
+from mcpcore.model_encryption import encrypt_model_bytes
 
 X = np.random.default_rng(7).random((5, 64), dtype=np.float32)
 
@@ -44,7 +46,7 @@ X = np.random.default_rng(7).random((5, 64), dtype=np.float32)
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     root = make_demo_repository(tmp_path_factory.mktemp("repo") / "models")
-    keyring = crypto.Keyring.load(root / "keyring.json")
+    keyring = Keyring.load(root / "keyring.json")
     plain = (root / "demo-mlp" / "1" / "weights.safetensors").read_bytes()
 
     def encrypted_variant(name: str, blob: bytes) -> None:
@@ -56,13 +58,11 @@ def repo(tmp_path_factory):
     # the right key id but other key material: PERMISSION_DENIED
     encrypted_variant(
         "demo-wrongkey",
-        crypto.encrypt_model_bytes(
-            plain, key=crypto.generate_key(), key_id="demo-key", model="demo-wrongkey", version="1"
-        ),
+        encrypt_model_bytes(plain, key=generate_key(), key_id="demo-key", model="demo-wrongkey", version="1"),
     )
     # one flipped ciphertext byte: DATA_LOSS
     blob = bytearray(
-        crypto.encrypt_model_bytes(plain, key=demo_key, key_id="demo-key", model="demo-tampered", version="1")
+        encrypt_model_bytes(plain, key=demo_key, key_id="demo-key", model="demo-tampered", version="1")
     )
     blob[len(blob) // 2] ^= 0x01
     encrypted_variant("demo-tampered", bytes(blob))
@@ -143,7 +143,7 @@ def test_load_infer_pause_resume_unload(worker, control, client, repo, etcd_endp
     assert [t["to"] for t in record["transitions"]][-3:] == ["RUNNING", "UNLOADING", "IDLE"]
     client.send("demo-mlp", {"INPUT0": X})
     reply = client.recv().header  # not held here: not started, so a router may send it elsewhere
-    assert reply.status_code == Unavailable.code.value[0] and reply.flags & wire.FLAG_RETRYABLE
+    assert reply.status_code == int(Unavailable.code) and reply.flags & wire.FLAG_RETRYABLE
     assert "demo-mlp" in reply.status_message
 
 
@@ -233,7 +233,7 @@ def test_bad_encrypted_files_fail_the_load_into_error(
     assert record["state"] == "ERROR" and match in record["reason"]
     load_and_run(control, "demo-mlp")
     client.infer("demo-mlp", {"INPUT0": X})
-    key = crypto.Keyring.load(repo / "keyring.json").get("demo-key")
+    key = Keyring.load(repo / "keyring.json").get("demo-key")
     log = worker.log.read_text()
     assert base64.b64encode(key).decode() not in log and key.hex() not in log  # no key material logged
 

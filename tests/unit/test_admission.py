@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mcp_worker.admission import Admission
+from mcp_worker.tensor_server.admission import Admission
 from mcpcore.errors import Unavailable
 
 

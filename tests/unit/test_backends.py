@@ -22,7 +22,8 @@ from mcp_worker.backends.instances import Instances
 from mcp_worker.backends.numpy_backend import NumpyBackend, dense, gelu, layernorm, relu, softmax
 from mcp_worker.backends.onnx_backend import CPU_PROVIDER, CUDA_PROVIDER, OnnxBackend, choose_providers
 from mcpcore.errors import DataLoss, FailedPrecondition, Internal, InvalidArgument, ResourceExhausted
-from mcpcore.modelspec import ModelConfig, model_config_from_dict
+from mcpcore.model_yaml import model_config_from_dict
+from mcpcore.modelspec import ModelConfig
 
 RNG = np.random.default_rng(0)
 

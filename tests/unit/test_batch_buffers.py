@@ -7,9 +7,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from mcp_worker.batching import BatchConfig, Dispatcher
-from mcp_worker.buffers import BatchBuffers
-from mcp_worker.sharing import ModelShare
+from mcp_worker.batching import BatchConfig, Dispatcher, ModelShare
+from mcp_worker.batching.buffers import BatchBuffers
 
 MiB = 1 << 20
 pytestmark = pytest.mark.usefixtures("built_library")
@@ -58,7 +57,10 @@ async def test_batches_assembled_in_pool_blocks_give_each_caller_its_rows():
     dispatcher = Dispatcher(slots=1, buffers=buffers)
     queue = dispatcher.add_model("m/1", config, identity_and_double, ModelShare(1, 0.5))
     rows = [np.full((1, 8192), i, np.float32) for i in range(64)]  # 32 KiB each: batches of > 1 MiB
-    results = await asyncio.gather(*(queue.submit(f"r{i}", {"X": x}) for i, x in enumerate(rows)))
+    answers = [asyncio.get_running_loop().create_future() for _ in rows]
+    for i, (x, answer) in enumerate(zip(rows, answers, strict=True)):
+        queue.enqueue(f"r{i}", {"X": x}, answer.set_result)
+    results = await asyncio.gather(*answers)
     assert queue.stats().mean_batch_size > 1 and buffers.pool_hits >= 1
     for i, out in enumerate(results):
         np.testing.assert_array_equal(out["SAME"], rows[i])

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mcp_worker.batch_policy import BatchConfig, BatchPolicy, Request
+from mcp_worker.batching.policy import BatchConfig, BatchPolicy, Request
 from mcpcore.errors import InvalidArgument
 from mcpcore.modelspec import DEFAULT_MAX_QUEUE_SIZE, DynamicBatching, ModelConfig, TensorSpec
 

@@ -13,9 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from mcp_worker import batching
-from mcp_worker.batching import BatchConfig, Dispatcher
-from mcp_worker.sharing import ModelShare
+from mcp_worker.batching import BatchConfig, Dispatcher, ModelShare
+from mcp_worker.batching import dispatcher as dispatching
 from mcpcore.errors import DeadlineExceeded, Internal, InvalidArgument, ResourceExhausted, Unavailable
 
 SHARE = ModelShare(priority=1, latency_sensitivity=0.5)
@@ -62,6 +61,20 @@ def row(value: float, width: int = 4, rows: int = 1, dtype=np.float32) -> dict[s
     return {"INPUT0": np.full((rows, width), value, dtype=dtype)}
 
 
+async def ask(queue, request_id: str, inputs: dict[str, np.ndarray], **kw) -> dict[str, np.ndarray]:
+    """One request through ``enqueue`` (the worker's one way in), its answer awaited."""
+    future = asyncio.get_running_loop().create_future()
+
+    def done(result) -> None:  # type: ignore[no-untyped-def]
+        if isinstance(result, BaseException):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
+
+    queue.enqueue(request_id, inputs, done, **kw)
+    return await future
+
+
 async def settle() -> None:
     """Let every task created so far run up to its first wait (call_soon is FIFO)."""
     await asyncio.sleep(0)
@@ -84,7 +97,7 @@ async def make():
 
 async def blocked(d: Dispatcher, queue, gate: Gate) -> asyncio.Task:
     """Occupy the (single) slot with a batch held at the gate."""
-    task = asyncio.create_task(queue.submit("gate", row(BLOCK)))
+    task = asyncio.create_task(ask(queue, "gate", row(BLOCK)))
     await asyncio.wait_for(gate.started.wait(), 5)
     assert d.in_flight_ids() == ["gate"]
     return task
@@ -94,7 +107,7 @@ async def test_concurrent_requests_batch_and_each_caller_gets_its_own_rows(make)
     model = Model()
     q = make().add_model("m/1", cfg(64, delay=0.005), model, SHARE)
     inputs = [row(i, rows=1 + i % 3) for i in range(64)]
-    outs = await asyncio.gather(*(q.submit(f"r{i}", x) for i, x in enumerate(inputs)))
+    outs = await asyncio.gather(*(ask(q, f"r{i}", x) for i, x in enumerate(inputs)))
     for x, out in zip(inputs, outs, strict=True):
         np.testing.assert_array_equal(out["OUTPUT0"], model(x)["OUTPUT0"])
     sizes = [len(b) for b in model.batches[:-64]]
@@ -109,7 +122,7 @@ async def test_flush_after_the_delay_when_fewer_than_max_arrive(make):
     model = Model()
     q = make().add_model("m/1", cfg(64, delay=0.015), model, SHARE)
     started = time.monotonic()
-    await asyncio.gather(*(q.submit(f"r{i}", row(i)) for i in range(3)))
+    await asyncio.gather(*(ask(q, f"r{i}", row(i)) for i in range(3)))
     assert time.monotonic() - started >= 0.014
     assert model.batches == [[0.0, 1.0, 2.0]]
 
@@ -121,7 +134,7 @@ async def test_different_shapes_are_never_batched_together(make):
     q = d.add_model("m/1", cfg(64), model, SHARE)
     first = await blocked(d, q, gate)
     inputs = [row(1, 4), row(2, 8), row(3, 4, dtype=np.float64), row(4, 8), row(5, 4)]
-    tasks = [asyncio.create_task(q.submit(f"r{i}", x)) for i, x in enumerate(inputs)]
+    tasks = [asyncio.create_task(ask(q, f"r{i}", x)) for i, x in enumerate(inputs)]
     await settle()
     gate.open()
     outs = await asyncio.gather(first, *tasks)
@@ -137,7 +150,7 @@ async def test_priority_levels_are_served_in_order(make):
     q = d.add_model("m/1", cfg(1, priority_levels=3, default_priority_level=2), model, SHARE)
     first = await blocked(d, q, gate)
     tasks = [
-        asyncio.create_task(q.submit(name, row(value), priority=level))
+        asyncio.create_task(ask(q, name, row(value), priority=level))
         for name, value, level in [("a", 3, 3), ("b", 2, None), ("c", 1, 1), ("d", 4, 3)]
     ]
     await settle()
@@ -147,7 +160,7 @@ async def test_priority_levels_are_served_in_order(make):
     # Triton's convention: past the configured levels is served at the lowest level, not refused
     assert q._admit(4) == 3 and q._admit(0) == 2 and q._admit(None) == 2
     with pytest.raises(InvalidArgument, match=r"priority level -1 is not valid for model m/1: use 1\.\.3"):
-        await q.submit("x", row(0), priority=-1)
+        await ask(q, "x", row(0), priority=-1)
 
 
 async def test_full_queue_is_unavailable_not_started_as_triton_says(make):
@@ -155,12 +168,12 @@ async def test_full_queue_is_unavailable_not_started_as_triton_says(make):
     d = make()
     q = d.add_model("m/1", cfg(1, max_queue_size=2), Model(gate=gate), SHARE)
     first = await blocked(d, q, gate)
-    tasks = [asyncio.create_task(q.submit(f"r{i}", row(i))) for i in range(2)]
+    tasks = [asyncio.create_task(ask(q, f"r{i}", row(i))) for i in range(2)]
     await settle()
     with pytest.raises(
         Unavailable, match=r"exceeds maximum queue size: the queue of model m/1 holds 2"
     ) as info:
-        await q.submit("r2", row(2))
+        await ask(q, "r2", row(2))
     assert info.value.not_started  # a router may send it to another replica
     gate.open()
     await asyncio.gather(first, *tasks)
@@ -171,7 +184,7 @@ async def test_request_still_queued_at_its_timeout_is_deadline_exceeded(make):
     d = make()
     q = d.add_model("m/1", cfg(1, default_queue_timeout_s=5.0), Model(gate=gate), SHARE)
     first = await blocked(d, q, gate)
-    ready = asyncio.create_task(q.submit("ready", row(2)))  # ready to run, but the only slot is busy
+    ready = asyncio.create_task(ask(q, "ready", row(2)))  # ready to run, but the only slot is busy
     steps = 0
     step = d._step
 
@@ -184,11 +197,11 @@ async def test_request_still_queued_at_its_timeout_is_deadline_exceeded(make):
     with pytest.raises(
         DeadlineExceeded, match=r"waited [\d.]+ ms in the queue of m/1, over its 10 ms timeout"
     ):
-        await q.submit("late", row(1), timeout_s=0.010)
-    assert steps <= 4  # woken by the submits and the deadline only: no polling while the slot is busy
+        await ask(q, "late", row(1), timeout_s=0.010)
+    assert steps <= 4  # woken by the requests and the deadline only: no polling while the slot is busy
     assert q.stats().queue_depth == 1
     with pytest.raises(DeadlineExceeded, match="past its deadline"):
-        await q.submit("dead", row(1), timeout_s=0.0)
+        await ask(q, "dead", row(1), timeout_s=0.0)
     gate.open()
     await first
     assert (await ready)["OUTPUT0"][0, 0] == 5.0
@@ -199,16 +212,16 @@ async def test_pause_refuses_new_requests_but_drains_queued_ones(make):
     d = make()
     q = d.add_model("m/1", cfg(4), Model(gate=gate), SHARE)
     first = await blocked(d, q, gate)
-    queued = asyncio.create_task(q.submit("queued", row(1)))
+    queued = asyncio.create_task(ask(q, "queued", row(1)))
     await settle()
-    q.pause()
+    q.refuse("is paused")
     with pytest.raises(Unavailable, match="model m/1 is paused"):
-        await q.submit("new", row(2))
+        await ask(q, "new", row(2))
     gate.open()
     await first
     assert (await queued)["OUTPUT0"][0, 0] == 3.0
-    q.resume()
-    assert (await q.submit("after", row(2)))["OUTPUT0"][0, 0] == 5.0
+    q.admit()
+    assert (await ask(q, "after", row(2)))["OUTPUT0"][0, 0] == 5.0
 
 
 async def test_emergency_stop_answers_queued_requests_and_lets_running_ones_finish(make):
@@ -216,7 +229,7 @@ async def test_emergency_stop_answers_queued_requests_and_lets_running_ones_fini
     d = make()
     q = d.add_model("m/1", cfg(1), Model(gate=gate), SHARE)
     first = await blocked(d, q, gate)
-    tasks = [asyncio.create_task(q.submit(f"r{i}", row(i))) for i in range(3)]
+    tasks = [asyncio.create_task(ask(q, f"r{i}", row(i))) for i in range(3)]
     await settle()
     assert sorted(d.emergency_stop("GPU 0 lost")) == ["r0", "r1", "r2"]
     assert d.in_flight_ids() == ["gate"]
@@ -227,7 +240,7 @@ async def test_emergency_stop_answers_queued_requests_and_lets_running_ones_fini
             await task
         assert e.value.retryable
     with pytest.raises(Unavailable, match="emergency stop"):
-        await q.submit("new", row(1))
+        await ask(q, "new", row(1))
     gate.open()
     assert (await first)["OUTPUT0"][0, 0] == -1.0
     assert d.in_flight_ids() == [] and d.last_active > 0
@@ -242,12 +255,12 @@ async def test_remove_model_waits_for_its_running_batch(make):
     await settle()
     assert not removal.done()
     with pytest.raises(Unavailable, match="model m/1 is being unloaded"):
-        await q.submit("new", row(1))
+        await ask(q, "new", row(1))
     gate.open()
     await asyncio.wait_for(removal, 5)
     assert first.done() and (first.result())["OUTPUT0"][0, 0] == -1.0
     again = d.add_model("m/1", cfg(1), Model(), SHARE)  # forgotten: the key can be served anew
-    assert (await again.submit("r", row(1)))["OUTPUT0"][0, 0] == 3.0
+    assert (await ask(again, "r", row(1)))["OUTPUT0"][0, 0] == 3.0
 
 
 async def test_a_failing_batch_fails_only_its_own_requests(make):
@@ -260,21 +273,21 @@ async def test_a_failing_batch_fails_only_its_own_requests(make):
 
     q = make().add_model("m/1", cfg(1), picky, SHARE)
     bad, oom, good = await asyncio.gather(
-        q.submit("bad", row(-5)), q.submit("oom", row(500)), q.submit("good", row(1)), return_exceptions=True
+        ask(q, "bad", row(-5)), ask(q, "oom", row(500)), ask(q, "good", row(1)), return_exceptions=True
     )
     assert (
         isinstance(bad, Internal) and "model m/1 failed on a batch of 1 requests (ValueError)" in bad.message
     )
     assert isinstance(oom, ResourceExhausted) and oom.message == "GPU out of memory"
     assert good["OUTPUT0"][0, 0] == 2.0
-    assert (await q.submit("later", row(2)))["OUTPUT0"][0, 0] == 3.0
+    assert (await ask(q, "later", row(2)))["OUTPUT0"][0, 0] == 3.0
     t = q.totals  # ModelStatistics: the two failures counted as such, the good ones as executions
     assert (t.success_count, t.fail_count, t.execution_count, t.inference_count) == (2, 2, 2, 2)
 
 
 async def test_totals_count_what_ran_as_triton_counts_it(make):
     q = make().add_model("m/1", cfg(64, delay=0.005), Model(), SHARE)
-    await asyncio.gather(*(q.submit(f"r{i}", row(i, rows=2)) for i in range(8)))
+    await asyncio.gather(*(ask(q, f"r{i}", row(i, rows=2)) for i in range(8)))
     t = q.totals
     assert t.success_count == t.queue_count == t.compute_count == 8 and t.fail_count == 0
     assert t.inference_count == 16 and 1 <= t.execution_count < 8  # rows, and batches
@@ -287,18 +300,18 @@ async def test_totals_count_what_ran_as_triton_counts_it(make):
 async def test_wrong_outputs_are_internal_errors(make):
     q = make().add_model("m/1", cfg(4), lambda x: {"OUTPUT0": np.zeros((7, 2))}, SHARE)
     with pytest.raises(Internal, match="output OUTPUT0 is \\(7, 2\\), expected 1 rows"):
-        await q.submit("r", row(1))
+        await ask(q, "r", row(1))
 
 
 async def test_bad_requests_are_invalid_arguments(make):
     q = make().add_model("m/1", cfg(4), Model(), SHARE)
     with pytest.raises(InvalidArgument, match=r"has 5 rows; it must have 1\.\.4 \(max_batch_size\)"):
-        await q.submit("r", row(1, rows=5))
+        await ask(q, "r", row(1, rows=5))
     mismatch = {"INPUT0": np.zeros((2, 4)), "INPUT1": np.zeros((3, 4))}
     with pytest.raises(InvalidArgument, match="disagree on the batch dim: INPUT0 has 2 rows, INPUT1 has 3"):
-        await q.submit("r", mismatch)
+        await ask(q, "r", mismatch)
     with pytest.raises(InvalidArgument, match="at least one input"):
-        await q.submit("r", {})
+        await ask(q, "r", {})
 
 
 async def test_without_batching_each_request_runs_alone_as_is(make):
@@ -309,7 +322,7 @@ async def test_without_batching_each_request_runs_alone_as_is(make):
         return {"OUTPUT0": inputs["INPUT0"].sum(keepdims=True)}
 
     q = make().add_model("m/1", BatchConfig(max_batch_size=0), run, SHARE)
-    outs = await asyncio.gather(*(q.submit(f"r{i}", {"INPUT0": np.ones((i + 1, 3))}) for i in range(3)))
+    outs = await asyncio.gather(*(ask(q, f"r{i}", {"INPUT0": np.ones((i + 1, 3))}) for i in range(3)))
     assert sorted(seen) == [(1, 3), (2, 3), (3, 3)]
     assert [o["OUTPUT0"].item() for o in outs] == [3.0, 6.0, 9.0]
 
@@ -320,7 +333,7 @@ async def test_breaker_ratio_halves_the_batch_size(make):
     d = make()
     q = d.add_model("m/1", cfg(8), model, SHARE)
     first = await blocked(d, q, gate)
-    tasks = [asyncio.create_task(q.submit(f"r{i}", row(i))) for i in range(8)]
+    tasks = [asyncio.create_task(ask(q, f"r{i}", row(i))) for i in range(8)]
     await settle()
     q.set_batch_ratio(0.5)
     gate.open()
@@ -330,22 +343,6 @@ async def test_breaker_ratio_halves_the_batch_size(make):
         q.set_batch_ratio(0.0)
 
 
-async def test_cancelled_submit_leaves_the_queue(make):
-    gate = Gate()
-    d = make()
-    q = d.add_model("m/1", cfg(1), Model(gate=gate), SHARE)
-    first = await blocked(d, q, gate)
-    task = asyncio.create_task(q.submit("gone", row(1)))
-    await settle()
-    assert q.stats().queue_depth == 1
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert q.stats().queue_depth == 0
-    gate.open()
-    await first
-
-
 async def test_free_slots_go_to_models_by_weight(make):
     gate, log = Gate(), []
     d = make(slots=1)
@@ -353,7 +350,7 @@ async def test_free_slots_go_to_models_by_weight(make):
     heavy = d.add_model("a/1", cfg(1), Model("a", log=log), ModelShare(3, 0.0))
     light = d.add_model("b/1", cfg(1), Model("b", log=log), ModelShare(1, 0.0))
     first = await blocked(d, g, gate)
-    tasks = [asyncio.create_task(q.submit(f"{q.key}-{i}", row(i))) for i in range(40) for q in (heavy, light)]
+    tasks = [asyncio.create_task(ask(q, f"{q.key}-{i}", row(i))) for i in range(40) for q in (heavy, light)]
     await settle()
     gate.open()
     await asyncio.gather(first, *tasks)
@@ -371,16 +368,16 @@ async def test_a_slow_model_leaves_a_slot_for_an_active_fast_one(make):
     slow_model = Model("slow", gate=gate)
     slow = d.add_model("slow/1", cfg(1), slow_model, SHARE)
     fast = d.add_model("fast/1", cfg(1), Model("fast"), SHARE)
-    await fast.submit("f0", row(1))  # fast is active from now on
+    await ask(fast, "f0", row(1))  # fast is active from now on
     first = await blocked(d, slow, gate)
-    second = asyncio.create_task(slow.submit("s1", row(BLOCK)))
+    second = asyncio.create_task(ask(slow, "s1", row(BLOCK)))
     await settle()
     await settle()
     assert slow.stats().queue_depth == 1 and len(slow_model.batches) == 1  # held: a slot stays free
-    out = await asyncio.wait_for(fast.submit("f1", row(2)), 5)  # runs beside the held batch
+    out = await asyncio.wait_for(ask(fast, "f1", row(2)), 5)  # runs beside the held batch
     np.testing.assert_array_equal(out["OUTPUT0"], row(2)["INPUT0"] * 2 + 1)
     assert not first.done() and slow.stats().queue_depth == 1
-    now[0] += batching.ACTIVE_S + 0.01  # fast quiet: the slow model may take the second slot
+    now[0] += dispatching.ACTIVE_S + 0.01  # fast quiet: the slow model may take the second slot
     d.wake()
     for _ in range(100):
         if len(slow_model.batches) == 2:
@@ -435,7 +432,7 @@ async def test_metrics_are_observed_per_model(make):
 
     m = Metrics()
     q = make(metrics=m).add_model("demo-mlp/2", cfg(4, delay=0.005), Model(), SHARE)
-    await asyncio.gather(*(q.submit(f"r{i}", row(i)) for i in range(4)))
+    await asyncio.gather(*(ask(q, f"r{i}", row(i)) for i in range(4)))
     key = ("demo-mlp", "2")
     assert m.batch_size.children[key].values == [4]
     assert m.batch_utilization.children[key].values == [1.0]
@@ -443,16 +440,16 @@ async def test_metrics_are_observed_per_model(make):
 
 
 async def test_a_batchs_answers_are_spread_over_loop_iterations_and_a_stop_answers_the_rest():
-    from mcp_worker import batching  # noqa: PLC0415  (the unit under test is private)
+    from mcp_worker.batching import request  # noqa: PLC0415  (the unit under test is private)
 
-    n = batching._ANSWER_CHUNK + 6  # more than one iteration's worth
+    n = dispatching._ANSWER_CHUNK + 6  # more than one iteration's worth
     answers: dict[int, list[object]] = {i: [] for i in range(n)}
-    reqs = [batching._Pending(arrival=0.0, request_id=f"r{i}", inputs=None, on_done=answers[i].append,
+    reqs = [request.Pending(arrival=0.0, request_id=f"r{i}", inputs=None, on_done=answers[i].append,
                               timeout_s=None) for i in range(n)]  # fmt: skip
     outs = [{"y": np.full(1, i)} for i in range(n)]
-    task = asyncio.create_task(batching._answer_spread(reqs, outs))
+    task = asyncio.create_task(dispatching._answer_spread(reqs, outs))
     await asyncio.sleep(0)  # the task's first step: one chunk answered, then it yields
-    assert sum(bool(a) for a in answers.values()) == batching._ANSWER_CHUNK
+    assert sum(bool(a) for a in answers.values()) == dispatching._ANSWER_CHUNK
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -461,7 +458,7 @@ async def test_a_batchs_answers_are_spread_over_loop_iterations_and_a_stop_answe
 
 
 async def test_enqueued_requests_are_answered_through_their_callbacks_once(make):
-    """The tensor socket's path: no task per request, each answered once on the loop; a withdrawn one
+    """The worker's one path: no task per request, each answered once on the loop; a withdrawn one
     is never answered, and a taker that raises costs the rest of its batch nothing."""
     model = Model()
     q = make().add_model("m/1", cfg(64, delay=0.01), model, SHARE)
@@ -491,7 +488,7 @@ async def test_enqueued_requests_are_answered_through_their_callbacks_once(make)
 
 async def test_a_refusal_at_enqueue_raises_and_calls_nothing(make):
     q = make().add_model("m/1", cfg(4, max_queue_size=1), Model(), SHARE)
-    q.pause()
+    q.refuse("is paused")
     called: list = []
     with pytest.raises(Unavailable, match="paused") as refused:
         q.enqueue("r", row(1), called.append)
@@ -505,7 +502,7 @@ async def test_a_model_runs_no_more_batches_at_once_than_its_max_running(make):
     d = make(slots=4)
     model = Model("gpu", gate=gate)
     q = d.add_model("gpu/1", cfg(1), model, SHARE, max_running=2)
-    tasks = [asyncio.create_task(q.submit(f"r{i}", row(BLOCK))) for i in range(3)]
+    tasks = [asyncio.create_task(ask(q, f"r{i}", row(BLOCK))) for i in range(3)]
     for _ in range(100):
         if len(model.batches) == 2:
             break
@@ -548,12 +545,12 @@ class Counted:
 
 async def run_one_by_one(q, n: int, start: int = 0) -> None:
     for i in range(start, start + n):
-        out = await q.submit(f"r{i}", row(i))
+        out = await ask(q, f"r{i}", row(i))
         np.testing.assert_array_equal(out["OUTPUT0"], row(i)["INPUT0"] * 2 + 1)
 
 
 async def test_a_fast_model_allowed_inline_runs_on_the_loop_after_a_window_on_the_threads(make):
-    from mcp_worker.inline import WINDOW  # noqa: PLC0415
+    from mcp_worker.batching.inline import WINDOW  # noqa: PLC0415
 
     class Metrics:
         inline_batches = Counted()
@@ -575,7 +572,7 @@ async def test_inline_off_or_a_backend_that_may_not_keeps_every_batch_on_the_thr
 
 
 async def test_a_model_that_turns_slow_goes_back_to_the_threads_within_two_batches(make):
-    from mcp_worker.inline import WINDOW  # noqa: PLC0415
+    from mcp_worker.batching.inline import WINDOW  # noqa: PLC0415
 
     model, loop_thread = Threads(), threading.get_ident()
     q = make(inline_s=0.02).add_model("m/1", cfg(8), model, SHARE, inline=True)
@@ -588,13 +585,13 @@ async def test_a_model_that_turns_slow_goes_back_to_the_threads_within_two_batch
 
 
 async def test_a_decoupled_models_batches_never_run_inline(make):
-    from mcp_worker.inline import WINDOW  # noqa: PLC0415
+    from mcp_worker.batching.inline import WINDOW  # noqa: PLC0415
 
     model, loop_thread = Threads(), threading.get_ident()
     q = make(inline_s=0.05).add_model("m/1", cfg(8), model, SHARE, inline=True)
     await run_one_by_one(q, WINDOW + 1)
     assert model.threads[-1] == loop_thread
-    await q.submit("stream", row(1), emit=lambda out: None)
+    await ask(q, "stream", row(1), emit=lambda out: None)
     assert model.threads[-1] != loop_thread
 
 

@@ -12,9 +12,9 @@ import pytest
 import safetensors.numpy
 
 from mcp_worker.backends import create_backend
-from mcp_worker.batch_policy import BatchConfig
+from mcp_worker.batching import BatchConfig
 from mcpcore.errors import InvalidArgument
-from mcpcore.modelspec import model_config_from_dict
+from mcpcore.model_yaml import model_config_from_dict
 
 STRLEN = {
     "backend": "builtin", "function": "strlen", "max_batch_size": 16,

@@ -1,8 +1,9 @@
-"""``mcp_worker.inline.InlinePolicy``: when a model's batches run on the event loop (pure logic, numbers)."""
+"""``mcp_worker.batching.inline.InlinePolicy``: when a model's batches run on the event loop (pure logic,
+numbers)."""
 
 import pytest
 
-from mcp_worker.inline import LEAVE_AT, MAX_BACKOFF, PROBE_WALL, WINDOW, InlinePolicy
+from mcp_worker.batching.inline import LEAVE_AT, MAX_BACKOFF, PROBE_WALL, WINDOW, InlinePolicy
 
 LIMIT = 1_000_000  # 1 ms
 FAST = (300_000, 250_000)  # (wall, cpu) of a batch on a thread that would fit inline

@@ -8,6 +8,7 @@ needs nothing else; its "ready" line on stdout is waited for, never a sleep.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -23,9 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mcp_worker.batching import BatchConfig, Dispatcher
+from mcp_worker.batching import BatchConfig, Dispatcher, ModelShare
 from mcp_worker.config import WorkerConfig
-from mcp_worker.sharing import ModelShare
 from mcpcore import logs, runner
 
 TS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
@@ -138,9 +138,11 @@ async def test_a_batch_logs_with_its_requests_on_the_executor_thread():
     dispatcher = Dispatcher()
     try:
         queue = dispatcher.add_model("demo/1", BatchConfig(max_batch_size=8), model, ModelShare(1, 0.5))
-        _, token = logs.bind(request_id="not-this", model="nor-this")  # the sender's, around the submit
+        _, token = logs.bind(request_id="not-this", model="nor-this")  # the sender's, around the enqueue
         try:
-            await queue.submit("req-7", {"INPUT0": np.zeros((2, 3), np.float32)})
+            answer = asyncio.get_running_loop().create_future()
+            queue.enqueue("req-7", {"INPUT0": np.zeros((2, 3), np.float32)}, answer.set_result)
+            assert isinstance(await answer, dict)
         finally:
             logs.reset(token)
     finally:

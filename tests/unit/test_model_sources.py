@@ -18,11 +18,10 @@ import pytest
 from harness import make_demo_repository
 from repo_servers import S3_ENV, RepoHTTPServer, S3Server, env_vars
 
-from mcp_worker.manifest import INDEX, MANIFEST, check, parse_manifest, publish
 from mcp_worker.repository import ModelRepository
 from mcp_worker.repository import main as repository_main
-from mcp_worker.sources import ContentCache
-from mcpcore.crypto import MAGIC, Keyring
+from mcp_worker.repository.cache import ContentCache
+from mcp_worker.repository.manifest import INDEX, MANIFEST, check, parse_manifest, publish
 from mcpcore.errors import (
     DataLoss,
     InvalidArgument,
@@ -31,6 +30,8 @@ from mcpcore.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from mcpcore.keyring import Keyring
+from mcpcore.model_encryption import MAGIC
 
 W1 = "demo-mlp/1/weights.safetensors"
 W2 = "demo-mlp/2/weights.safetensors"

@@ -9,7 +9,6 @@ import pytest
 import yaml
 
 from mcp_worker.repository import ModelArtifact, ModelRepository
-from mcpcore.crypto import Keyring, encrypt_model_bytes
 from mcpcore.errors import (
     DataLoss,
     InvalidArgument,
@@ -17,6 +16,8 @@ from mcpcore.errors import (
     PermissionDenied,
     ResourceExhausted,
 )
+from mcpcore.keyring import Keyring
+from mcpcore.model_encryption import encrypt_model_bytes
 
 KEY = bytes(range(32))
 OTHER = bytes(range(1, 33))

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mcp_worker.sharing import MIN_SHARE, ModelShare, StrideScheduler, calculate_weights
+from mcp_worker.batching.compute_shares import MIN_SHARE, ModelShare, StrideScheduler, calculate_weights
 
 shares = st.builds(
     ModelShare,

@@ -2,16 +2,20 @@
 
 Invariants:
 - Every state change of a replica is written to etcd through ``ReplicaLifecycle`` (compare-and-swap), in
-  the order of DESIGN.md section 5. Work that must precede a state (loading and warming up before READY,
-  releasing memory before IDLE) happens before the write; a failed load ends in ERROR with its reason, and
-  so does a model.yaml that is there but cannot be read (a remote repository unreachable or refusing, a
-  file unlike its manifest); a version absent from the repository, or an invalid model.yaml, records nothing.
+  the order of DESIGN.md section 5. What a state means on this worker is done by the lifecycle's hooks,
+  which the worker registers (``server.py``) and which run before the write: ``warm_up`` on READY,
+  ``admit`` on RUNNING (the worker's side of joining the routing ring: only a RUNNING replica takes
+  requests), ``withhold`` on leaving RUNNING, ``release`` (memory, backend) on IDLE. A hook that fails
+  leaves the state as it was. A failed load (its warm-up included) ends in ERROR with its reason, and so
+  does a model.yaml that is there but cannot be read (a remote repository unreachable or refusing, a file
+  unlike its manifest); a version absent from the repository, or an invalid model.yaml, records nothing.
 - Memory is reserved before anything is loaded (declared bytes), then adjusted to the measured bytes; a load
   that does not fit raises ``ResourceExhausted`` and loads nothing.
 - Unload waits for the requests already admitted for that replica (the dispatcher's reference count), so
   a load and an unload can never race into "model unavailable" for an admitted request.
-- The request path (``infer``) reads only local state: no etcd, no lock. What it refuses before queueing
-  (stopped, not held here, not serving) is marked not started, so a router may send it elsewhere.
+- The request path (``start``: one for every model, decoupled ones included) reads only local state: no
+  etcd, no lock. What it refuses (stopped, not held here, not admitted) is marked not started, so a router
+  may send it elsewhere.
 - Every replica record carries the worker's incarnation (``set_info``): a record from an earlier process
   under the same worker id is stale, and routers do not follow it.
 """
@@ -27,21 +31,20 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from mcp_worker.backends import Backend, create_backend
-from mcp_worker.batching import BatchConfig, Dispatcher, ModelQueue
+from mcp_worker.batching import BatchConfig, Dispatcher, ModelShare
 from mcp_worker.memory import MemoryBudget
-from mcp_worker.repository import ModelRepository
-from mcp_worker.sharing import ModelShare
+from mcp_worker.replica import LoadOverrides, Replica, apply_overrides
+from mcp_worker.repository import ModelArtifact, ModelRepository
+from mcp_worker.streams import answers_on_loop
 from mcpcore.breaker import secondary_outputs_off
 from mcpcore.errors import (
-    Aborted,
-    DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
     MCPError,
@@ -51,62 +54,14 @@ from mcpcore.errors import (
 )
 from mcpcore.keys import ReplicaId, check_name, check_version
 from mcpcore.lifecycle import ReplicaLifecycle, ReplicaRecord, ReplicaState, Resync
-from mcpcore.modelspec import ModelConfig, TensorSpec
+from mcpcore.modelspec import ModelConfig
 
-__all__ = ["LoadOverrides", "ModelManager", "Replica"]
+__all__ = ["ModelManager"]
 
 log = logging.getLogger(__name__)
 S = ReplicaState
-SERVING = frozenset({S.READY, S.RUNNING})
-
-
-@dataclass(frozen=True)
-class LoadOverrides:
-    """What a scheduler's spec may override in model.yaml (zero/None = keep model.yaml's)."""
-
-    memory_bytes: int = 0
-    max_batch_size: int = 0
-    max_queue_delay_us: int | None = None
-    priority: int | None = None
-    latency_sensitivity: float | None = None
-
-
-@dataclass
-class Replica:
-    rid: ReplicaId
-    config: ModelConfig
-    backend: Backend
-    queue: ModelQueue
-    memory_bytes: int
-    state: ReplicaState
-    since: float
-    reason: str = ""
-    record: ReplicaRecord | None = field(default=None, repr=False)
-
-    @property
-    def info(self) -> dict[str, Any]:
-        """What the replica record says of the loaded model (routers read it); a re-sync writes it again,
-        whatever survived in etcd."""
-        config = self.config
-        return {
-            "memory_bytes": self.memory_bytes,
-            "platform": config.backend,
-            "inputs": _signature(config.inputs),
-            "outputs": _signature(config.outputs),
-            "secondary": list(config.qos.secondary_features),
-            "idempotent": config.idempotent,
-            "max_ongoing_requests": config.max_ongoing_requests,
-            "config": _config_summary(config, self.backend),
-        }
-
-    @property
-    def key(self) -> str:
-        return f"{self.rid.model}/{self.rid.version}"
-
-    @property
-    def max_batch_size(self) -> int:
-        """The max batch size in force (a breaker may have lowered it); 0: the model does not batch."""
-        return self.queue.policy.max_batch_size if self.config.max_batch_size else 0
+#: Why a replica that leaves RUNNING takes no new request (the rest: "is <STATE>").
+_WITHHELD = {S.PAUSED: "is paused", S.UNLOADING: "is being unloaded"}
 
 
 class ModelManager:
@@ -178,48 +133,10 @@ class ModelManager:
         held = [r for (m, _), r in self._replicas.items() if m == model]
         if not held:
             raise NotFound(f"model {model} has no version loaded on worker {self.worker_id}")
-        # the newest serving version; else the newest held, whose state then explains the refusal
-        return max(held, key=lambda r: (r.state in SERVING, int(r.rid.version)))
+        # the newest RUNNING version; else the newest held, whose queue then explains the refusal
+        return max(held, key=lambda r: (r.state is S.RUNNING, int(r.rid.version)))
 
     # -- the request path ------------------------------------------------------------------------------
-    async def infer(
-        self,
-        model: str,
-        version: str,
-        request_id: str,
-        inputs: dict[str, np.ndarray],
-        *,
-        priority: int | None = None,
-        timeout_s: float | None = None,
-        features_off: tuple[str, ...] | None = None,
-        parameters: Mapping[str, str] | None = None,
-        partial: Callable[[str, dict[str, np.ndarray]], None] | None = None,
-    ) -> tuple[Replica, dict[str, np.ndarray]]:
-        """Run one request. ``features_off`` (breaker level 2): the policy's features to drop, () for all
-        of the model's secondary outputs; None keeps them. ``parameters`` go to the backend. A decoupled
-        model's answers before its last go to ``partial(version, outputs)``, on the event loop, in
-        order; without one such a model is refused."""
-        replica, skip = self._prepare(model, version, inputs, features_off)
-        emit, stop = None, None
-        if replica.config.decoupled:
-            if partial is None:
-                raise InvalidArgument(
-                    f"model {replica.key} is decoupled (several answers per request): call it over a "
-                    "stream (ModelStreamInfer) or the tensor socket"
-                )
-            stop = threading.Event()  # set once the request is cancelled: its run stops answering
-            emit = _on_loop(partial, replica.rid.version, replica.key, timeout_s, stop)
-        try:
-            outputs = await replica.queue.submit(
-                request_id, inputs, priority=priority, timeout_s=timeout_s, skip=skip, parameters=parameters,
-                emit=emit,
-            )  # fmt: skip
-        except asyncio.CancelledError:  # cancelled (or the worker stops): a running stream stops answering
-            if stop is not None:
-                stop.set()
-            raise
-        return replica, outputs
-
     def start(
         self,
         model: str,
@@ -228,23 +145,36 @@ class ModelManager:
         inputs: dict[str, np.ndarray],
         on_done: Callable[[Replica, dict[str, np.ndarray] | BaseException], None],
         *,
+        partial: Callable[[str, dict[str, np.ndarray]], None],
         priority: int | None = None,
         timeout_s: float | None = None,
         features_off: tuple[str, ...] | None = None,
         parameters: Mapping[str, str] | None = None,
-    ) -> Callable[[], None] | None:
-        """``infer`` without a task: queue the request and return a callable that withdraws it;
-        ``on_done(replica, outputs or error)`` is called once, on the loop. A refusal raises here. None
-        (nothing queued): the model is decoupled, so the request needs ``infer`` and a ``partial``."""
+    ) -> Callable[[], None]:
+        """Queue one request and return a callable that withdraws it (a queued request leaves the queue,
+        a running stream stops answering); ``on_done(replica, outputs or error)`` is called once, on the
+        loop. A refusal raises here. ``features_off`` (breaker level 2): the policy's features to drop,
+        () for all of the model's secondary outputs; None keeps them. ``parameters`` go to the backend.
+        A decoupled model's answers before its last go to ``partial(version, outputs)``, on the loop, in
+        order, before ``on_done``."""
         replica, skip = self._prepare(model, version, inputs, features_off)
+        emit, stop = None, None
         if replica.config.decoupled:
-            return None
+            stop = threading.Event()  # set once the request is withdrawn: its run stops answering
+            emit = answers_on_loop(partial, replica.rid.version, replica.key, timeout_s, stop)
         queue = replica.queue
         req = queue.enqueue(
             request_id, inputs, functools.partial(on_done, replica), priority=priority, timeout_s=timeout_s,
-            skip=skip, parameters=parameters,
+            skip=skip, parameters=parameters, emit=emit,
         )  # fmt: skip
-        return functools.partial(queue.withdraw, req)
+        if stop is None:
+            return functools.partial(queue.withdraw, req)
+
+        def withdraw() -> None:
+            stop.set()
+            queue.withdraw(req)
+
+        return withdraw
 
     def _prepare(
         self,
@@ -262,10 +192,6 @@ class ModelManager:
             replica = self.resolve(model, version)
         except NotFound as err:  # routed here from a stale table: another worker may hold it
             raise not_started(Unavailable(err.message)) from None
-        if replica.state not in SERVING and replica.state is not S.PAUSED:
-            raise not_started(
-                Unavailable(f"model {replica.key} is {replica.state.value} on worker {self.worker_id}")
-            )
         replica.backend.check_inputs(inputs)
         skip: frozenset[str] = frozenset()
         if features_off is not None:
@@ -293,7 +219,7 @@ class ModelManager:
         name = f"{rid.model}/{rid.version}"
         loop = asyncio.get_running_loop()
         try:
-            config = _apply(
+            config = apply_overrides(
                 await loop.run_in_executor(None, self._repo.config, rid.model, rid.version), overrides
             )
         except MCPError as exc:
@@ -302,9 +228,10 @@ class ModelManager:
                 # a file that does not match its manifest): ERROR with the reason, as a failed load
                 try:
                     await self._fresh_record(rid)
-                    await self._fail(rid, f"load failed: {_describe(exc)}")
-                except MCPError as err:  # etcd may be down too: the caller still gets the load's error
+                except MCPError as err:
                     log.warning("could not record %s as ERROR: %s", rid, err)
+                else:
+                    await self._load_failed(rid, exc)
             raise
         async with self._admission:
             self.budget.reserve(name, config.memory_bytes)  # nothing loaded, nothing written yet if full
@@ -314,28 +241,10 @@ class ModelManager:
         except BaseException:
             self.budget.release(name)
             raise
-        backend: Backend | None = None
         try:
-            artifact = await loop.run_in_executor(None, self._repo.load, rid.model, rid.version)
-            make = functools.partial(
-                create_backend,
-                artifact.config,
-                artifact.weights,
-                device=self.device,
-                fits=functools.partial(self.budget.check, name),  # all the copies, before the second is made
-            )
-            backend = await loop.run_in_executor(None, make)
-            if self._on_work is not None and hasattr(backend, "on_work"):
-                backend.on_work = lambda macs, model=rid.model: self._on_work(model, macs)  # type: ignore[misc]
-            async with self._admission:
-                self.budget.reserve(name, max(config.memory_bytes, backend.memory_bytes))
-            await loop.run_in_executor(None, backend.warmup)
-            if hasattr(backend, "fault_directory"):  # after the warm-up: it never fails by injection
-                backend.fault_directory = artifact.path  # type: ignore[attr-defined]
+            artifact, backend = await self._backend(rid, name, config)
         except BaseException as exc:
             self.budget.release(name)
-            if backend is not None:
-                backend.close()
             await self._fail(rid, f"load failed: {_describe(exc)}")
             raise
         queue = self._dispatcher.add_model(
@@ -346,16 +255,50 @@ class ModelManager:
             max_running=None if backend.concurrent else config.instance_count,
             inline=backend.inline,
         )
+        queue.refuse("is not serving yet (loaded, not RUNNING)")  # before any await: ``admit`` opens it
         queue.set_batch_ratio(self._batch_ratios.get(rid.model, 1.0))  # a breaker already in force
         replica = Replica(rid, config, backend, queue, self.budget.held(name), S.LOADING, self._clock())
         self._replicas[(rid.model, rid.version)] = replica
         self._held[rid.model] = self._held.get(rid.model, 0) + 1
         try:
-            await self._set(rid, S.READY, "loaded and warmed up", **replica.info)
-        except BaseException:
+            await self._set(rid, S.READY, "loaded and warmed up", **replica.info)  # warm_up runs first
+        except BaseException as exc:
             await self._discard(replica)
+            await self._load_failed(rid, exc)
             raise
+        if hasattr(backend, "fault_directory"):  # after the warm-up: it never fails by injection
+            backend.fault_directory = artifact.path  # type: ignore[attr-defined]
         return replica
+
+    async def _backend(self, rid: ReplicaId, name: str, config: ModelConfig) -> tuple[ModelArtifact, Backend]:
+        """The version's artifact and its backend, made off the loop, its measured memory reserved."""
+        loop = asyncio.get_running_loop()
+        artifact = await loop.run_in_executor(None, self._repo.load, rid.model, rid.version)
+        make = functools.partial(
+            create_backend,
+            artifact.config,
+            artifact.weights,
+            device=self.device,
+            fits=functools.partial(self.budget.check, name),  # all the copies, before the second is made
+        )
+        backend = await loop.run_in_executor(None, make)
+        try:
+            if self._on_work is not None and hasattr(backend, "on_work"):
+                backend.on_work = lambda macs, model=rid.model: self._on_work(model, macs)  # type: ignore[misc]
+            async with self._admission:
+                self.budget.reserve(name, max(config.memory_bytes, backend.memory_bytes))
+        except BaseException:
+            backend.close()
+            raise
+        return artifact, backend
+
+    async def _load_failed(self, rid: ReplicaId, exc: BaseException) -> None:
+        """Record a failed load as ERROR with its reason, best effort: etcd may be down too, and the
+        caller gets the load's own error either way."""
+        try:
+            await self._fail(rid, f"load failed: {_describe(exc)}")
+        except MCPError as err:
+            log.warning("could not record %s as ERROR: %s", rid, err)
 
     async def unload(self, model: str, version: str) -> Replica:
         """Unload; a second call while the first is under way waits for it (idempotent)."""
@@ -369,8 +312,7 @@ class ModelManager:
 
     async def _unload(self, replica: Replica) -> Replica:
         await self._set(replica.rid, S.UNLOADING, "unloading: waiting for admitted requests")
-        await self._discard(replica)
-        record = await self._set(replica.rid, S.IDLE, "unloaded; memory released")
+        record = await self._set(replica.rid, S.IDLE, "unloaded; memory released")  # after ``release``
         replica.state, replica.since, replica.reason, replica.record = (
             S.IDLE,
             record.since,
@@ -384,7 +326,6 @@ class ModelManager:
         if replica.state is S.PAUSED:
             return replica  # idempotent, so a control call can be retried safely
         await self._set(replica.rid, S.PAUSED, "paused: draining, no new requests")
-        replica.queue.pause()
         return replica
 
     async def resume(self, model: str, version: str) -> Replica:
@@ -392,7 +333,6 @@ class ModelManager:
         if replica.state is S.RUNNING:
             return replica
         await self._set(replica.rid, S.RUNNING, "running")
-        replica.queue.resume()
         return replica
 
     def set_batch_ratio(self, model: str, ratio: float) -> None:
@@ -468,6 +408,32 @@ class ModelManager:
         for replica in self.replicas():
             await self._discard(replica)
 
+    # -- lifecycle hooks (``ReplicaLifecycle.on_enter``/``on_exit``; the worker registers them) --------
+    async def warm_up(self, rid: ReplicaId, src: ReplicaState, dst: ReplicaState) -> None:
+        """On READY: one run of the loaded backend, so its first request is not slow. A failure keeps the
+        replica out of READY (the load then ends in ERROR)."""
+        replica = self._replicas.get((rid.model, rid.version))
+        if replica is not None:
+            await asyncio.get_running_loop().run_in_executor(None, replica.backend.warmup)
+
+    async def admit(self, rid: ReplicaId, src: ReplicaState, dst: ReplicaState) -> None:
+        """On RUNNING: the replica takes requests (the worker's side of joining the routing ring)."""
+        replica = self._replicas.get((rid.model, rid.version))
+        if replica is not None:
+            replica.queue.admit()
+
+    async def withhold(self, rid: ReplicaId, src: ReplicaState, dst: ReplicaState) -> None:
+        """On leaving RUNNING: the replica takes no new request, not started; queued ones still run."""
+        replica = self._replicas.get((rid.model, rid.version))
+        if replica is not None:
+            replica.queue.refuse(_WITHHELD.get(dst, f"is {dst.value}"))
+
+    async def release(self, rid: ReplicaId, src: ReplicaState, dst: ReplicaState) -> None:
+        """On IDLE: wait for the replica's admitted requests, then free its backend and its memory."""
+        replica = self._replicas.get((rid.model, rid.version))
+        if replica is not None:
+            await self._discard(replica)
+
     # -- helpers ---------------------------------------------------------------------------------------
     async def _fresh_record(self, rid: ReplicaId) -> None:
         """Bring the record to IDLE: create it, or recover a stale one this worker does not hold."""
@@ -516,84 +482,6 @@ class ModelManager:
         tmp.write_text(json.dumps(data, indent=2))
         os.replace(tmp, path)
         return path
-
-
-def _on_loop(
-    partial: Callable[[str, dict[str, np.ndarray]], None],
-    version: str,
-    key: str,
-    timeout_s: float | None,
-    stop: threading.Event,
-) -> Callable[[dict[str, np.ndarray]], None]:
-    """An ``emit`` for the executor thread that hands each answer to ``partial`` on this event loop. The
-    loop runs callbacks in the order they were scheduled, so the answers keep their order and all come
-    before the request's last reply (whose future is completed through the same queue). Past the
-    request's deadline, or once the request was cancelled (``stop``), it raises instead, which ends the
-    run: a stream nobody waits for any more does not hold an execution slot."""
-    loop = asyncio.get_running_loop()
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    sent = 0
-
-    def emit(outputs: dict[str, np.ndarray]) -> None:
-        nonlocal sent
-        if stop.is_set():
-            raise Aborted(f"model {key}: the request was cancelled after {sent} answers")
-        if deadline is not None and time.monotonic() > deadline:
-            raise DeadlineExceeded(f"model {key} ran past the request's deadline after {sent} answers")
-        sent += 1
-        loop.call_soon_threadsafe(partial, version, outputs)
-
-    return emit
-
-
-def _apply(config: ModelConfig, o: LoadOverrides | None) -> ModelConfig:
-    if o is None:
-        return config
-    changes: dict[str, Any] = {}
-    if o.memory_bytes:
-        changes["memory_bytes"] = o.memory_bytes
-    if o.max_batch_size:
-        changes["max_batch_size"] = min(o.max_batch_size, config.max_batch_size) or config.max_batch_size
-    if o.priority is not None:
-        changes["priority"] = o.priority
-    if o.latency_sensitivity is not None:
-        changes["qos"] = replace(config.qos, latency_sensitivity=o.latency_sensitivity)
-    if o.max_queue_delay_us is not None and config.dynamic_batching is not None:
-        changes["dynamic_batching"] = replace(
-            config.dynamic_batching, max_queue_delay_us=o.max_queue_delay_us
-        )
-    return replace(config, **changes)
-
-
-def _config_summary(config: ModelConfig, backend: Backend) -> dict[str, Any]:
-    """How the replica batches and where it runs, as routers report it (KServe ModelConfig): ``device``
-    is ``gpu`` or ``cpu``, ``device_id`` the GPU's index, ``cpu_fallback`` why a model that asks for a GPU
-    runs on the CPU."""
-    batching = config.dynamic_batching
-    kind, _, index = backend.device.partition(":")
-    return {
-        "max_batch_size": config.max_batch_size,
-        "instance_count": config.instance_count,
-        "device": kind,
-        "device_id": int(index) if index else None,
-        "cpu_fallback": backend.fallback,
-        "decoupled": config.decoupled,
-        "dynamic_batching": None
-        if batching is None
-        else {
-            "max_queue_delay_us": batching.max_queue_delay_us,
-            "preferred_batch_sizes": list(batching.preferred_batch_sizes),
-            "priority_levels": batching.priority_levels,
-            "default_priority_level": batching.default_priority_level,
-            "default_queue_timeout_us": batching.default_queue_timeout_us,
-            "max_queue_size": batching.max_queue_size,
-        },
-    }
-
-
-def _signature(tensors: tuple[TensorSpec, ...]) -> list[dict[str, Any]]:
-    """A model's inputs or outputs as the replica record carries them (routers serve model metadata)."""
-    return [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)} for t in tensors]
 
 
 def _describe(exc: BaseException) -> str:

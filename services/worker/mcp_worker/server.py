@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -32,115 +31,50 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from mcp_worker import numa
-from mcp_worker.admission import Admission
 from mcp_worker.backends import cuda_device, numpy_backend
 from mcp_worker.batching import Dispatcher
+from mcp_worker.batching.buffers import BatchBuffers
 from mcp_worker.breakers import BreakerWatch
-from mcp_worker.buffers import BatchBuffers
-from mcp_worker.config import WorkerConfig
+from mcp_worker.config import WorkerConfig, device_environment
 from mcp_worker.drain import Drain
 from mcp_worker.executions import Executions
 from mcp_worker.memory import MemoryBudget
-from mcp_worker.models import ModelManager, Replica
+from mcp_worker.metrics import WorkerMetrics
+from mcp_worker.models import ModelManager
 from mcp_worker.nvml import GpuSampler, Reading
 from mcp_worker.registration import Registration
+from mcp_worker.replica import Replica
 from mcp_worker.repository import ModelRepository
 from mcp_worker.servicer_v2 import WorkerControlServicer
-from mcp_worker.zmq_server import Done, Partial, TensorServer
+from mcp_worker.tensor_server.admission import Admission
+from mcp_worker.tensor_server.server import Done, Partial, TensorServer
 from mcpapi.v2 import tensor_pb2, worker_pb2_grpc
 from mcpcore import wire
-from mcpcore.crypto import Keyring
 from mcpcore.errors import Internal, MCPError, error_class
 from mcpcore.etcd_store import EtcdStore
 from mcpcore.fencing import FenceCheck
+from mcpcore.keyring import Keyring
 from mcpcore.keys import Keyspace, ReplicaId
 from mcpcore.lifecycle import ReplicaLifecycle, ReplicaState
 from mcpcore.looplag import LoopLagMonitor
-from mcpcore.metrics import RequestMetrics, start_metrics_server
+from mcpcore.metrics import start_metrics_server
+from mcpcore.record_signing import RecordSigner, local_claim, payload
 from mcpcore.serving import GrpcService, advertised_host
-from mcpcore.signing import RecordSigner, local_claim, payload
 from mcpcore.tls import load_curve_keypair
 from mcpcore.windows import WindowPublisher, Windows
 
-__all__ = ["Worker", "WorkerMetrics", "device_room_bytes"]
+__all__ = ["Worker", "device_room_bytes"]
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "mcpapi.v2.WorkerControl"
-
-
-class WorkerMetrics(RequestMetrics):
-    def __init__(self, registry: CollectorRegistry) -> None:
-        super().__init__(registry)
-        self.batch_size = self.standard("mcp_batch_size")
-        self.batch_utilization = self.standard("mcp_batch_utilization_ratio")
-        self.queue_depth = self.standard("mcp_queue_depth")
-        self.queue_delay = self.standard("mcp_queue_delay_seconds")
-        self.model_state = self.standard("mcp_model_state")
-        self.gpu_memory = self.standard("mcp_gpu_memory_used_bytes")
-        self.gpu_utilization = self.standard("mcp_gpu_utilization_ratio")
-        self.load_failures = self.standard("mcp_model_load_failures_total")
-        self.breaker_level = self.standard("mcp_breaker_level")
-        self.executions = self.counter(
-            "mcp_worker_executions_total", "Requests executed (as their batch started).", ("model",)
-        )
-        self.duplicate_executions = self.counter(
-            "mcp_worker_duplicate_executions_total",
-            "Requests executed again on this worker (a request id seen before, within the window).",
-            ("model",),
-        )
-        self.deadline_dropped = self.counter(
-            "mcp_worker_deadline_dropped_total",
-            "Requests dropped before they ran: their deadline or the model's queue timeout passed.",
-            ("model", "version"),
-        )
-        self.fenced_calls = self.counter(
-            "mcp_worker_fenced_calls_total",
-            "Control calls refused because they came from a deposed leader.",
-            ("role",),
-        )
-        self.zmq_messages = self.counter(
-            "mcp_worker_zmq_messages_total",
-            "Request messages on the tensor socket: single, or coalesced (several requests in one).",
-            ("kind",),
-        )
-        self.inline_batches = self.counter(
-            "mcp_worker_inline_batches_total",
-            "Batches run on the event loop: the model's recent batches each took at most inline_batch_ms.",
-            ("model", "version"),
-        )
-        self.coalesced_requests = self.counter(
-            "mcp_worker_coalesced_requests_total", "Requests that arrived in coalesced messages."
-        )
-        self.shared_memory_bytes = self.counter(
-            "mcp_worker_shared_memory_bytes_total",
-            "Tensor bytes same-host senders passed in their shared memory: inputs read there (in), outputs "
-            "written into their reply regions (out).",
-            ("direction",),
-        )
-        self.shared_memory_refused = self.counter(
-            "mcp_worker_shared_memory_refused_total",
-            "Requests whose shared memory could not be taken (answered with an error; not started when "
-            "the sender may resend them with frames). The worker log says why.",
-        )
-        self.admission_refused = self.counter(
-            "mcp_worker_admission_refused_total",
-            "Requests refused at the door: the worker was full (exceeds maximum queue size).",
-        )
-        self.macs = self.counter(
-            "mcp_worker_macs_total", "Multiply-accumulates the layer graphs' dense layers did.", ("model",)
-        )
-        self.blas_threads = self.gauge(
-            "mcp_worker_blas_threads",
-            "Threads a numpy model's matrix product may use, as the BLAS library reports it.",
-        )
 
 
 class Worker:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self.metrics = WorkerMetrics(CollectorRegistry())
-        self.keys = Keyspace(config.etcd_prefix)
-        self.store = EtcdStore(config.etcd_endpoints, timeout=config.etcd_timeout_s, auth=config.etcd_auth)
+        self.keys = Keyspace(config.etcd.prefix)
+        self.store = EtcdStore(config.etcd.endpoints, timeout=config.etcd.timeout_s, auth=config.etcd.auth)
         # Requests clients sent here directly: counted for the breakers, as routers count theirs.
         self.direct = Windows(window_s=config.direct_stats_window_s)
         self._direct_publisher = WindowPublisher(
@@ -167,6 +101,7 @@ class Worker:
             inline_s=config.inline_batch_ms / 1e3,
         )
         keyring = Keyring.load(config.keyring) if config.keyring else None
+        lifecycle = ReplicaLifecycle(self.store, self.keys)
         self.manager = ModelManager(
             worker_id=config.worker_id,
             repository=ModelRepository(
@@ -175,7 +110,7 @@ class Worker:
                 cache_dir=config.repository_cache,
                 cache_bytes=config.repository_cache_bytes,
             ),
-            lifecycle=ReplicaLifecycle(self.store, self.keys),
+            lifecycle=lifecycle,
             dispatcher=self.dispatcher,
             budget=MemoryBudget(config.memory_capacity_bytes, owner=f"worker {config.worker_id}"),
             checkpoint_dir=Path(config.checkpoint_dir),
@@ -183,10 +118,15 @@ class Worker:
             on_state=self._state_changed,
             on_work=lambda model, macs: self.metrics.macs.labels(model).inc(macs),
         )
+        # what a state means on this worker (DESIGN.md section 5), done as the transition is made
+        lifecycle.on_enter(ReplicaState.READY, self.manager.warm_up)
+        lifecycle.on_enter(ReplicaState.RUNNING, self.manager.admit)
+        lifecycle.on_exit(ReplicaState.RUNNING, self.manager.withhold)
+        lifecycle.on_enter(ReplicaState.IDLE, self.manager.release)
         self._single_messages = self.metrics.zmq_messages.labels("single")  # bound once: per request
         self._coalesced_messages = self.metrics.zmq_messages.labels("coalesced")
         self._curve_public = b""
-        # with a TLS identity, the record's endpoint and CURVE key are signed (mcpcore.signing)
+        # with a TLS identity, the record's endpoint and CURVE key are signed (mcpcore.record_signing)
         self._signer = None
         if config.tls.cert_file:
             self._signer = RecordSigner(config.tls.cert_file, config.tls.key_file)
@@ -195,8 +135,7 @@ class Worker:
             self._curve_public, curve_secret = load_curve_keypair(config.zmq_curve_secret_key_file)
         self.tensors = TensorServer(
             config.zmq_bind,
-            self._handle,
-            start=self._start,
+            self._start,
             limits=wire.Limits(
                 max_tensor_bytes=config.max_tensor_bytes, max_message_bytes=config.max_message_bytes
             ),
@@ -228,11 +167,12 @@ class Worker:
             on_level=self._breaker_level,
             on_rejected=self.metrics.count_config_rejected,
             on_error=self.metrics.count_loop_error,
+            instance=config.worker_id,
         )
         self.fence = FenceCheck(
             self.store,
             self.keys,
-            timeout_s=min(1.0, config.etcd_timeout_s),
+            timeout_s=min(1.0, config.etcd.timeout_s),
             on_refused=lambda role: self.metrics.fenced_calls.labels(role).inc(),
         )
         self.registration: Registration | None = None
@@ -252,7 +192,7 @@ class Worker:
             dispatcher=self.dispatcher,
             registration=lambda: self.registration,
             timeout_s=config.drain_timeout_s,
-            etcd_timeout_s=config.etcd_timeout_s,
+            etcd_timeout_s=config.etcd.timeout_s,
         )
 
     async def start(self) -> dict[str, str]:
@@ -261,7 +201,7 @@ class Worker:
         if not await asyncio.to_thread(self.gpus.start):  # NVML's first calls can take a while
             log.info("GPU metrics off: %s", self.gpus.reason)
         self._nvml_index = self.gpus.index_of(cfg.gpu_index)
-        legacy = os.environ.get(cuda_device.DEVICE_ENV)
+        legacy = device_environment().device
         if legacy is not None and legacy.strip() != str(cfg.gpu_index):
             log.warning(
                 "%s=%s is not used by a worker: its GPU models run on gpu_index %d (MCP_WORKER_GPU_INDEX)",
@@ -283,20 +223,20 @@ class Worker:
             "BLAS: %d thread(s) per matrix product (blas_threads %d; 0: its default)", blas, cfg.blas_threads
         )
         self._metrics_server, metrics_port = start_metrics_server(
-            cfg.metrics_port, cfg.metrics_host, registry=self.metrics.registry
+            cfg.metrics.port, cfg.metrics.host, registry=self.metrics.registry
         )
         zmq_endpoint = await self.tensors.start()
         self.grpc.add(
             worker_pb2_grpc.add_WorkerControlServicer_to_server,
             WorkerControlServicer(self.manager, self.fence),
         )
-        port = await self.grpc.start(cfg.grpc_host, cfg.grpc_port)
-        host = cfg.advertise_host
+        port = await self.grpc.start(cfg.grpc.host, cfg.grpc.port)
+        host = cfg.advertise.host
         self.endpoints = {
             "worker_id": cfg.worker_id,
-            "grpc": f"{advertised_host(cfg.grpc_host, host)}:{port}",
+            "grpc": f"{advertised_host(cfg.grpc.host, host)}:{port}",
             "zmq": _advertised(zmq_endpoint, host),
-            "metrics": f"{advertised_host(cfg.metrics_host, host)}:{metrics_port}",
+            "metrics": f"{advertised_host(cfg.metrics.host, host)}:{metrics_port}",
         }
         if cfg.zmq_local:  # named from what the record publishes (wire.local_endpoint)
             curve = self._curve_public.decode()
@@ -355,21 +295,8 @@ class Worker:
             await self._drain.run(reason)
 
     # -- callbacks -------------------------------------------------------------------------------------
-    async def _handle(self, msg: wire.Message, partial: Partial) -> tuple[str, dict[str, Any]]:
-        h = msg.header
-        started = time.perf_counter()
-        try:
-            replica, outputs = await self.manager.infer(
-                h.model, h.version, h.request_id, msg.named(), partial=partial, **_request_args(h)
-            )
-        except MCPError as err:
-            self._observe_error(h, err, started)
-            raise
-        self._observe_ok(h, replica, started)
-        return replica.rid.version, outputs
-
-    def _start(self, msg: wire.Message, done: Done) -> Callable[[], None] | None:
-        """``_handle`` without a task, for the tensor socket's coalesced requests (``Starter``)."""
+    def _start(self, msg: wire.Message, partial: Partial, done: Done) -> Callable[[], None]:
+        """Start one request from the tensor socket (its ``Starter``), observed in the metrics as it ends."""
         h = msg.header
         started = time.perf_counter()
 
@@ -385,7 +312,7 @@ class Worker:
 
         try:
             return self.manager.start(
-                h.model, h.version, h.request_id, msg.named(), finished, **_request_args(h)
+                h.model, h.version, h.request_id, msg.named(), finished, partial=partial, **_request_args(h)
             )
         except MCPError as err:
             self._observe_error(h, err, started)
@@ -543,7 +470,7 @@ def device_room_bytes(readings: Mapping[int, Reading], index: int, own: int) -> 
 
 
 def _request_args(h: tensor_pb2.TensorHeader) -> dict[str, Any]:
-    """What a tensor header asks of the request besides its inputs (``ModelManager.infer``'s keywords)."""
+    """What a tensor header asks of the request besides its inputs (``ModelManager.start``'s keywords)."""
     features_off = None
     if h.flags & wire.FLAG_SECONDARY_FEATURES_OFF:  # breaker level 2, set by the router
         features_off = tuple(f for f in h.parameters.get(wire.PARAM_FEATURES_OFF, "").split(",") if f)

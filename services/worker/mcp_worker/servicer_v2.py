@@ -12,8 +12,9 @@ import time
 
 import grpc
 
-from mcp_worker.models import LoadOverrides, ModelManager, Replica
-from mcp_worker.totals import Totals
+from mcp_worker.batching.model_statistics import Totals
+from mcp_worker.models import ModelManager
+from mcp_worker.replica import LoadOverrides, Replica
 from mcpapi.v2 import model_pb2, worker_pb2, worker_pb2_grpc
 from mcpcore import dtypes
 from mcpcore.errors import InvalidArgument

@@ -2,7 +2,8 @@
 
 A backend is built from the version's ``ModelConfig`` and its weights bytes, already decrypted, in memory;
 it never reads files. ``infer`` is blocking and runs on an executor thread, off the event loop (on the
-loop itself only for a backend that says ``inline`` and batches that prove fast: ``mcp_worker.inline``).
+loop itself only for a backend that says ``inline`` and batches that prove fast:
+``mcp_worker.batching.inline``).
 
 Invariants:
 - ``infer`` checks its inputs against ``config.inputs`` before running anything: a wrong name, dtype, rank
@@ -29,7 +30,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from mcpcore import dtypes, signature
+from mcpcore import dtypes, tensor_signature
 from mcpcore.errors import FailedPrecondition, Internal, InvalidArgument, MCPError
 from mcpcore.modelspec import ModelConfig, TensorSpec
 
@@ -129,7 +130,7 @@ class Backend(abc.ABC):
 
     def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
         """Raise ``InvalidArgument`` unless ``inputs`` are exactly the configured tensors, well shaped."""
-        signature.check_inputs(self._where, self.config.inputs, inputs, self.config.max_batch_size)
+        tensor_signature.check_inputs(self._where, self.config.inputs, inputs, self.config.max_batch_size)
 
     @abc.abstractmethod
     def _run(

@@ -4,8 +4,7 @@ Pure logic: times are arguments (nanoseconds), so tests drive it with numbers; `
 measures each batch and asks before starting one.
 
 Why: for a small model the hand-off to a thread and back (waking the thread, the result's callback, the
-loop's self-pipe) costs more than the batch. Measured on the 2-core bench host at c=64 with the peers'
-64-in MLP, batches of ~22 rows: ~5% of the mesh's CPU per request, and the worker's own ~12%.
+loop's self-pipe) costs more than the batch (the measurement is a design record in ``docs/design/``).
 
 Rules, for a model whose backend allows it (``Backend.inline``) with a limit ``limit_ns`` > 0:
 - On the threads, the last ``WINDOW`` batches are kept (wall time, thread CPU time). A batch on a thread

@@ -17,7 +17,7 @@ busy-polled; here the delay runs from the *oldest queued request's arrival* and 
   a level, stopping at the first one that would overflow ``max_batch_size`` rows: order is never skipped
   within a shape. Before the delay has run out, a batch stops at the largest preferred size it can reach.
 - A request still queued at its deadline leaves through ``expire`` (the caller answers it).
-- A single request larger than the limit is refused at submit; one larger than a limit lowered later (the
+- A single request larger than the limit is refused when queued; one larger than a limit lowered later (the
   breaker halves it) runs alone rather than never.
 
 Data: one deque per (priority level, shape key), so taking a batch costs O(batch) and finding the head

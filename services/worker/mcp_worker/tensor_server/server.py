@@ -1,14 +1,13 @@
 """The worker's ZeroMQ tensor server: a ROUTER socket speaking ``mcpcore.wire``.
 
 Invariants:
-- Many requests are in flight at once, and replies go out in whatever order the work finishes, addressed
-  by the peer identity and carrying the request id. A request starts without a task of its own (the
-  ``Starter`` queues it with a callback; a decoupled model's, whose answers stream, runs as a task, the
-  ``Handler``). A coalesced message's requests (``KIND_BATCH``, sent by routers that read the record's
-  ``zmq_features``) are each admitted, answered, retried and cancelled exactly as a single one, and
-  their replies and refusals go back coalesced: those ready in one loop iteration for one peer leave as
-  one message, as do those of single requests flagged ``FLAG_TAKES_COALESCED``. Any other single
-  message is answered with single messages: older senders, the SDK.
+- Many requests are in flight at once, and replies go out in whatever order the work finishes, addressed by
+  the peer identity and carrying the request id. Every request, a decoupled model's included, starts the one
+  way: the ``Starter`` queues it with callbacks for its answers, no task of its own. A coalesced message's
+  requests (``KIND_BATCH``, sent by routers that read the record's ``zmq_features``) are each admitted,
+  answered, retried and cancelled exactly as a single one, and their replies and refusals go back coalesced:
+  those ready in one loop iteration for one peer leave as one message, as do those of single requests flagged
+  ``FLAG_TAKES_COALESCED``. Any other single message is answered with single messages: older senders, the SDK.
 - Bounded: a request for a model held here holds an ``Admission`` ticket (requests and tensor bytes in
   flight, shared fairly between models) from its arrival to its reply (one for any other model is answered
   "not loaded here", not started, before admission); past the bounds it is refused at once "exceeds maximum
@@ -33,23 +32,20 @@ Invariants:
   that took its limit, and after every send, one more look is scheduled: no message is ever left unseen.
 - The header is parsed once per request, on arrival (a coalesced message's headers in one parse):
   admission, the handler and the reply use that one.
-- A decoupled model answers with any number of replies: each one the handler hands to its ``partial``
-  callback goes out at once with ``FLAG_PARTIAL``, in order, and the request's last reply (its outputs,
-  often none, or its error) goes without it; the ticket is held until that last one is sent.
-- A same-host sender on the local endpoint may put tensors in its shared memory and lend a reply region
-  (``FLAG_SHARED_MEMORY``, ``mcpcore.shm``): once admitted, they are mapped and checked, and handed on as
-  views, exactly as frames are; the last reply's outputs are written into the lent region (those that
-  fit; the rest go as frames). Memory that cannot be taken (a TCP peer, not the sender's sealed memfd,
-  another pid namespace, a mapping that fails) is refused not started with ``FLAG_SHARED_MEMORY``, so the
-  sender sends the request again with frames; a range outside its region is ``INVALID_ARGUMENT``. Each
-  refusal is logged and counted.
-- ZMTP heartbeats detect a peer that vanished or froze; with a CURVE secret key configured, only peers
-  that know the server's public key can connect.
+- A decoupled model answers with any number of replies: each one handed to the request's ``Partial``
+  goes out at once with ``FLAG_PARTIAL``, in order, and the request's last reply (its outputs, often
+  none, or its error) goes without it; the ticket is held until that last one is sent. An answer that
+  cannot be sent ends the request: its last reply carries that error.
+- A same-host sender on the local endpoint may pass tensors in its shared memory and lend a reply region
+  (``shared_memory``); memory that cannot be taken is refused not started with ``FLAG_SHARED_MEMORY``
+  (the sender sends frames instead), a range outside its region is ``INVALID_ARGUMENT``; each refusal is
+  logged and counted.
+- ZMTP heartbeats detect a peer that vanished or froze; who may connect is ``curve``'s.
 - While a request is admitted and started (synchronously, no task of its own), its log fields are bound
-  (``mcpcore.logs``: request_id, model, trace_id from ``wire.PARAM_TRACEPARENT``) and, with tracing on,
-  the trace context that parameter names is attached: what runs then logs them, the queue records the
-  context with the request (``mcp_worker.batching``), and a request run as a task inherits both. The
-  loop's own callbacks (looks, flushes) run in a fresh context, so no request's fields outlive it there.
+  (``mcpcore.logs``: request_id, model, trace_id from ``wire.PARAM_TRACEPARENT``) and, with tracing on, the
+  trace context that parameter names is attached: what runs then logs them, and the queue records the context
+  with the request (``mcp_worker.batching``). The loop's own callbacks (looks, flushes) run in a fresh
+  context, so no request's fields outlive it there.
 """
 
 from __future__ import annotations
@@ -59,88 +55,64 @@ import contextvars
 import logging
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zmq
 
-from mcp_worker.admission import Admission, Ticket
+from mcp_worker.tensor_server.admission import Admission, Ticket
+from mcp_worker.tensor_server.curve import secure
+from mcp_worker.tensor_server.replies import encode_reply, header_or_none
+from mcp_worker.tensor_server.shared_memory import take_shared
 from mcpapi.v2 import tensor_pb2
-from mcpcore import logs, shm, tracing, wire
+from mcpcore import logs, tracing, wire
 from mcpcore.errors import (
-    FailedPrecondition,
     Internal,
     InvalidArgument,
     MCPError,
-    ResourceExhausted,
     Unavailable,
     not_started,
 )
+from mcpcore.transport import shm_lease
 
-__all__ = ["Done", "Handler", "Starter", "TensorServer", "allow_curve_clients"]
-
-
-def _header_or_none(frame: Any, limits: wire.Limits) -> tensor_pb2.TensorHeader | None:
-    try:
-        return wire.parse_header(frame, limits)
-    except MCPError:
-        return None  # _malformed parses it again and answers the error
+__all__ = ["Done", "Partial", "Starter", "TensorServer"]
 
 
 log = logging.getLogger(__name__)
 _TAKE_PER_TURN = 8  # messages taken per readable callback before the loop runs the rest
 
-#: Sends one partial reply now (version, outputs): a decoupled model's answers before its last.
+#: Sends one partial reply now (version, outputs): a decoupled model's answers before its last; on the
+#: loop, in order, before the request's ``Done``.
 Partial = Callable[[str, dict[str, np.ndarray]], None]
-#: Gets the decoded request and a ``Partial`` for its answers before the last; returns the version that
-#: served it and the (last) output tensors, or raises an MCPError, which goes back in the reply header.
-Handler = Callable[[wire.Message, Partial], Awaitable[tuple[str, dict[str, np.ndarray]]]]
 #: Takes a started request's end: (version, outputs), or the MCPError that goes back in its reply.
 Done = Callable[[tuple[str, dict[str, np.ndarray]] | MCPError], None]
-#: Starts a request without a task: queues it and returns a callable that withdraws it, and calls
-#: ``Done`` once, later, on the loop; raises an MCPError to refuse it. None: it needs the ``Handler``.
-Starter = Callable[[wire.Message, Done], Callable[[], None] | None]
+#: Starts a request without a task: queues it, returns a callable that withdraws it (a running stream
+#: stops answering), and calls ``Done`` once, later, on the loop; raises an MCPError to refuse it.
+Starter = Callable[[wire.Message, Partial, Done], Callable[[], None]]
 
 
 @dataclass(slots=True)
 class _Started:
-    """A request started through the ``Starter``: what answers or withdraws it."""
+    """A started request: what answers or withdraws it."""
 
     identity: Any
     header: tensor_pb2.TensorHeader
     ticket: Ticket
     coalesced: bool  # it came in a coalesced message: its reply goes back in one
     withdraw: Callable[[], None] = lambda: None
-    area: shm.ReplyArea | None = None  # the sender's reply region, when it lent one
-
-
-ZAP_DOMAIN = "mcpmesh"  # the worker socket's ZAP domain; its allow-list is configured for it
-
-
-def allow_curve_clients(ctx: zmq.Context[Any], folder: str) -> Any:
-    """A ZAP handler on ``ctx`` (its own thread, off the event loop) that lets a CURVE client complete the
-    handshake only if its public key is in ``folder`` (``*.key`` files as ``zmq.auth`` writes them: the
-    routers' and SDK clients' keys). Any other key fails the handshake: it can send nothing."""
-    from zmq.auth.thread import ThreadAuthenticator  # noqa: PLC0415  (only with an allow-list)
-
-    if not Path(folder).is_dir():
-        raise ValueError(f"zmq_curve_clients_dir: no such folder {folder!r}")
-    auth = ThreadAuthenticator(ctx, log=logging.getLogger("mcp_worker.zap"))
-    auth.start()
-    auth.configure_curve(domain=ZAP_DOMAIN, location=folder)
-    return auth
+    area: shm_lease.ReplyArea | None = None  # the sender's reply region, when it lent one
+    answers: int = 0  # partial replies sent
+    broken: MCPError | None = None  # a partial reply that could not go: the last reply says so
 
 
 class TensorServer:
     def __init__(
         self,
         bind: str,
-        handler: Handler,
+        start: Starter,
         *,
-        start: Starter | None = None,
         limits: wire.Limits = wire.DEFAULT_LIMITS,
         curve_secret: bytes | None = None,
         curve_clients: str = "",
@@ -155,7 +127,6 @@ class TensorServer:
         heartbeat_timeout_s: float = 3.0,
     ) -> None:
         self._bind = bind
-        self._handler = handler
         self._start = start
         self._limits = limits
         self._curve_secret = curve_secret
@@ -168,8 +139,8 @@ class TensorServer:
         # shared-memory bytes taken ("in"), written ("out"), or a refusal ("refused", 0)
         self._on_shared = on_shared
         self._regions = (
-            shm.PeerRegions(max_region_bytes=4 * limits.max_message_bytes + (1 << 20))
-            if shm.AVAILABLE
+            shm_lease.PeerRegions(max_region_bytes=4 * limits.max_message_bytes + (1 << 20))
+            if shm_lease.AVAILABLE
             else None
         )
         self._heartbeat = (heartbeat_s, heartbeat_timeout_s)
@@ -178,10 +149,7 @@ class TensorServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._look_scheduled = False
         self._stopping = False
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._running: dict[tuple[bytes, str], asyncio.Task[None]] = {}  # (peer, request id) -> its task
-        self._cancelled: set[tuple[bytes, str]] = set()  # cancelled by their sender: answered as such
-        self._started: dict[tuple[bytes, str], _Started] = {}  # coalesced requests started without a task
+        self._started: dict[tuple[bytes, str], _Started] = {}  # (peer, request id) -> its request
         self._outbox: dict[bytes, tuple[Any, list[list[Any]]]] = {}  # peer -> coalesced replies to send
         self._flush_scheduled = False
         self._idle = asyncio.Event()
@@ -206,13 +174,7 @@ class TensorServer:
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(timeout * 1000))
         sock.setsockopt(zmq.HEARTBEAT_TTL, int(timeout * 1000))
         if self._curve_secret is not None:
-            sock.setsockopt(zmq.CURVE_SERVER, 1)
-            sock.setsockopt(zmq.CURVE_SECRETKEY, self._curve_secret)
-            if self._curve_clients:
-                self._authenticator = allow_curve_clients(self._ctx, self._curve_clients)
-                # no handler answering (its thread gone) refuses every peer, instead of letting all in
-                sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
-                sock.zap_domain = ZAP_DOMAIN.encode()
+            self._authenticator = secure(sock, self._ctx, self._curve_secret, self._curve_clients)
         sock.bind(self._bind)
         self._sock = sock
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -247,7 +209,7 @@ class TensorServer:
 
     @property
     def in_flight(self) -> int:
-        return len(self._tasks) + len(self._started)
+        return len(self._started)
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until every admitted request is answered (True), or ``timeout_s`` passed (False)."""
@@ -259,7 +221,7 @@ class TensorServer:
         return True
 
     def _settle(self) -> None:
-        if not self._tasks and not self._started:
+        if not self._started:
             self._idle.set()
 
     async def wait_quiet(self, quiet_s: float, max_s: float) -> None:
@@ -274,13 +236,10 @@ class TensorServer:
         self._stopping = True  # a look already scheduled takes nothing more
         if self._sock is not None and self._loop is not None:
             self._loop.remove_reader(self._sock.FD)
-        for task in list(self._tasks):
-            task.cancel()
-        for started in list(self._started.values()):  # unanswered, as a stopping task's request
+        for started in list(self._started.values()):  # unanswered: the router retries what did not start
             started.withdraw()
             self.admission.release(started.ticket)
         self._started.clear()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
         self._idle.set()  # nothing is in flight any more: a wait_idle ends now
         self._flush()  # replies already made still go
         if self._sock is not None:
@@ -356,7 +315,9 @@ class TensorServer:
             area = None
             if header.flags & wire.FLAG_SHARED_MEMORY:
                 try:
-                    frames, area = self._shared(identity, header, frames)
+                    regions = self._regions if self.local_endpoint else None
+                    frames, area, taken = take_shared(regions, identity, header, frames, self._limits)
+                    self._on_shared("in", taken)
                 except Exception as exc:
                     self.admission.release(ticket)
                     self._refuse_shared(identity, header, exc, coalesced=coalesced)
@@ -383,49 +344,6 @@ class TensorServer:
         flags = wire.FLAG_SHARED_MEMORY if exc.not_started else 0
         self._refuse(identity, header, exc, flags, retryable=exc.not_started, coalesced=coalesced)
 
-    def _shared(
-        self, identity: Any, header: tensor_pb2.TensorHeader, frames: Sequence[Any]
-    ) -> tuple[list[Any], shm.ReplyArea | None]:
-        """The request's tensor frames with those in the sender's shared memory mapped in, and its reply
-        region; ``MCPError`` (not started: ``FailedPrecondition``) for memory that cannot be taken."""
-        regions = self._regions
-        if regions is None or not self.local_endpoint:
-            raise not_started(
-                FailedPrecondition("this worker takes no shared memory (no same-host endpoint); send frames")
-            )
-        peer = shm.peer_process(identity)
-        taken = 0
-
-        def view(region: tensor_pb2.SharedRegion, name: str) -> memoryview:
-            nonlocal taken
-            taken += region.size
-            return regions.view(peer, region, f"tensor {name!r}", writable=False)
-
-        frames = wire.with_regions(header, frames, view, self._limits)
-        area = None
-        if header.HasField("reply_region"):
-            lent = header.reply_region
-            area = shm.ReplyArea(regions.view(peer, lent, "the reply region", writable=True), lent)
-            header.ClearField("reply_region")
-        self._on_shared("in", taken)
-        return frames, area
-
-    def _spawn(
-        self,
-        identity: Any,
-        header: tensor_pb2.TensorHeader,
-        frames: Sequence[Any],
-        ticket: Ticket,
-        area: shm.ReplyArea | None,
-    ) -> None:
-        """Run one admitted request as its own task (the ``Handler``)."""
-        task = asyncio.create_task(self._answer(identity, header, frames, ticket, area))
-        key = (bytes(identity.bytes), header.request_id)
-        self._tasks.add(task)
-        self._idle.clear()
-        self._running[key] = task
-        task.add_done_callback(lambda t: self._done(t, key))
-
     def _begin(
         self,
         identity: Any,
@@ -434,19 +352,20 @@ class TensorServer:
         ticket: Ticket,
         *,
         coalesced: bool,
-        area: shm.ReplyArea | None = None,
+        area: shm_lease.ReplyArea | None = None,
     ) -> None:
-        """Start one admitted request without a task (the ``Starter``); a decoupled model's, or every one
-        without a ``Starter``, runs as a task."""
+        """Start one admitted request through the ``Starter``."""
         key = (bytes(identity.bytes), header.request_id)
         started = _Started(identity, header, ticket, coalesced, area=area)
         self._started[key] = started  # before it starts: an answer may come at any time after
         self._idle.clear()
         try:
-            withdraw = None
-            if self._start is not None:
-                msg = wire.Message(header, wire.tensors_of(header, frames, self._limits))
-                withdraw = self._start(msg, lambda result: self._finished(key, started, result))
+            msg = wire.Message(header, wire.tensors_of(header, frames, self._limits))
+            withdraw = self._start(
+                msg,
+                lambda version, outputs: self._partial(key, started, version, outputs),
+                lambda result: self._finished(key, started, result),
+            )
         except MCPError as err:
             self._forget(key, started)
             self.admission.release(ticket)
@@ -461,10 +380,7 @@ class TensorServer:
             error = Internal("internal error; the worker log has the details")
             self._refuse(identity, header, error, retryable=False, coalesced=coalesced)
             return
-        if withdraw is None:  # nothing queued: it runs as a task
-            self._forget(key, started)
-            self._spawn(identity, header, frames, ticket, area)
-        elif self._started.get(key) is started:
+        if self._started.get(key) is started:
             started.withdraw = withdraw
 
     def _forget(self, key: tuple[bytes, str], started: _Started) -> None:
@@ -475,8 +391,8 @@ class TensorServer:
     def _finished(
         self, key: tuple[bytes, str], started: _Started, result: tuple[str, dict[str, np.ndarray]] | MCPError
     ) -> None:
-        """A request started without a task ended: its ticket is released and its reply goes (a coalesced
-        one's with the peer's others of this iteration)."""
+        """A request ended: its ticket is released and its last reply goes (a coalesced one's with the
+        peer's others of this iteration)."""
         if self._started.get(key) is not started:
             return  # withdrawn (cancelled, or the server stops): answered already, or never
         del self._started[key]
@@ -485,6 +401,8 @@ class TensorServer:
         try:
             if isinstance(result, MCPError):
                 raise result
+            if started.broken is not None:
+                raise started.broken
             out = self._encode_reply(header, *result, area=started.area)
         except MCPError as err:
             out = [wire.error_reply(header, err, retryable=err.not_started and err.retryable)]
@@ -495,23 +413,29 @@ class TensorServer:
         self._post(started.identity, out, coalesced=started.coalesced)
         self._settle()
 
-    def _done(self, task: asyncio.Task[None], key: tuple[bytes, str]) -> None:
-        self._tasks.discard(task)
-        if self._running.get(key) is task:
-            del self._running[key]
-        self._cancelled.discard(key)
-        self._settle()
+    def _partial(
+        self, key: tuple[bytes, str], started: _Started, version: str, outputs: dict[str, np.ndarray]
+    ) -> None:
+        """Send one of a decoupled model's answers before its last, at once, with ``FLAG_PARTIAL``."""
+        if self._started.get(key) is not started or started.broken is not None:
+            return  # an answer still on its way after the request ended, or after one that failed
+        header = started.header
+        try:
+            frames = self._encode_reply(header, version, outputs, wire.FLAG_PARTIAL, answer=started.answers)
+        except MCPError as err:
+            started.broken = err
+            return
+        except Exception as exc:  # never lost in the loop's handler: the last reply says it
+            log.exception("request %s: an answer could not be encoded", header.request_id)
+            started.broken = Internal(f"an answer of model {header.model} could not be encoded ({exc})")
+            return
+        self._send([started.identity, *frames], "a reply")
+        started.answers += 1
 
     def _cancel(self, peer: bytes, request_id: str) -> None:
         """The sender gave up on the request: stop it (dropped if queued; a stream stops answering)."""
-        key = (peer, request_id)
-        task = self._running.get(key)
-        if task is not None and not task.done():
-            self._cancelled.add(key)
-            task.cancel()
-            return
-        started = self._started.pop(key, None)
-        if started is not None:  # no task to answer it: answered here, as a task would be
+        started = self._started.pop((peer, request_id), None)
+        if started is not None:  # answered here: nothing of it is sent after this
             started.withdraw()
             self._on_cancelled(started.header)
             self.admission.release(started.ticket)
@@ -533,7 +457,7 @@ class TensorServer:
     def _admit(self, identity: Any, header: tensor_pb2.TensorHeader, *, coalesced: bool) -> Ticket | None:
         """A ticket for the request, or None once it has been answered here and now."""
         key = (bytes(identity.bytes), header.request_id)
-        if key in self._started or key in self._running:  # its answer could not say which one it is
+        if key in self._started:  # its answer could not say which one it is
             error = InvalidArgument(
                 f"request id {header.request_id!r} is already in flight from this sender; use a new id"
             )
@@ -602,8 +526,8 @@ class TensorServer:
 
     def _receive(self) -> tuple[list[Any], tensor_pb2.TensorHeader | None]:
         """One multipart message (it is readable: called after POLLIN) and its parsed header (None if
-        it does not parse). Every frame stays in libzmq's own buffer (``copy=False``): measured against
-        ``recv_into`` a pool block, that costs the loop no copy (``make bench``'s receive figures)."""
+        it does not parse). Every frame stays in libzmq's own buffer (``copy=False``): the loop copies
+        nothing."""
         sock = self._sock
         assert sock is not None
         frames: list[Any] = [sock.recv(zmq.NOBLOCK, copy=False)]
@@ -613,68 +537,7 @@ class TensorServer:
             frames.append(frame)
             more = frame.more
         # the header: parsed once, to admit the request and to read its tensors
-        return frames, _header_or_none(frames[1], self._limits) if len(frames) > 1 else None
-
-    async def _answer(
-        self,
-        identity: zmq.Frame,
-        header: tensor_pb2.TensorHeader,
-        frames: Sequence[Any],
-        ticket: Ticket,
-        area: shm.ReplyArea | None,
-    ) -> None:
-        try:
-            await self._reply(identity, header, frames, area)
-        finally:
-            self.admission.release(ticket)
-
-    async def _reply(
-        self,
-        identity: zmq.Frame,
-        header: tensor_pb2.TensorHeader,
-        frames: Sequence[Any],
-        area: shm.ReplyArea | None,
-    ) -> None:
-        """Run the request (``frames``: its tensor frames, checked here against ``header``) and answer."""
-
-        broken: list[MCPError] = []  # a partial reply that could not go: the last reply says so
-        sent, ended = 0, False
-
-        def partial(version: str, outputs: dict[str, np.ndarray]) -> None:
-            nonlocal sent
-            if broken or ended:  # an answer still on its way from the executor after the last reply
-                return
-            try:
-                frames = self._encode_reply(header, version, outputs, wire.FLAG_PARTIAL, answer=sent)
-            except MCPError as err:
-                broken.append(err)
-                return
-            except Exception as exc:  # never lost in the loop's handler: the last reply says it
-                log.exception("request %s: an answer could not be encoded", header.request_id)
-                broken.append(Internal(f"an answer of model {header.model} could not be encoded ({exc})"))
-                return
-            self._send([identity, *frames], "a reply")
-            sent += 1
-
-        try:
-            msg = wire.Message(header, wire.tensors_of(header, frames, self._limits))
-            version, outputs = await self._handler(msg, partial)
-            if broken:
-                raise broken[0]
-            out = self._encode_reply(header, version, outputs, area=area)
-        except MCPError as err:
-            out = [wire.error_reply(header, err, retryable=err.not_started and err.retryable)]
-        except asyncio.CancelledError:
-            if (bytes(identity.bytes), header.request_id) not in self._cancelled:
-                raise  # the server is stopping
-            # its sender cancelled it: an answer still ends it there at once (nobody waits for it)
-            out = [wire.error_reply(header, Unavailable("cancelled: the sender gave up on the request"))]
-        except Exception:
-            log.exception("request %s failed", header.request_id)
-            self._on_error("zmq_request")
-            out = [wire.error_reply(header, Internal("internal error; the worker log has the details"))]
-        ended = True
-        self._send([identity, *out], "a reply")
+        return frames, header_or_none(frames[1], self._limits) if len(frames) > 1 else None
 
     def _encode_reply(
         self,
@@ -684,36 +547,10 @@ class TensorServer:
         flags: int = 0,
         *,
         answer: int | None = None,
-        area: shm.ReplyArea | None = None,
+        area: shm_lease.ReplyArea | None = None,
     ) -> list[Any]:
-        """The reply's frames; refuses (``ResourceExhausted``) what a receiver must drop: outputs over the
-        frame or message limits. ``area``: the sender's reply region, where the outputs that fit go."""
-        limits = self._limits
-        if len(outputs) > limits.max_tensors:
-            raise ResourceExhausted(
-                f"model {header.model} made {len(outputs)} outputs, over the limit of {limits.max_tensors}"
-            )
-        reply = tensor_pb2.TensorHeader(
-            kind=tensor_pb2.KIND_REPLY, request_id=header.request_id, model=header.model, version=version,
-            flags=flags,
+        """``replies.encode_reply`` under this server's limits, counting what went into a reply region."""
+        return encode_reply(
+            header, version, outputs, self._limits, flags, answer=answer, area=area,
+            on_written=lambda nbytes: self._on_shared("out", nbytes),
         )  # fmt: skip
-        if answer is not None:
-            reply.parameters[wire.PARAM_ANSWER] = str(answer)
-        frames = wire.encode(reply, outputs, area.place if area is not None else None)
-        if area is not None:
-            self._on_shared("out", sum(spec.byte_size for spec in reply.tensors if spec.HasField("shm")))
-        total = 0
-        for spec in reply.tensors:
-            name, size = spec.name, spec.byte_size
-            total += size
-            if size > limits.max_tensor_bytes:
-                raise ResourceExhausted(
-                    f"output {name} of model {header.model} is {size} bytes, over the "
-                    f"{limits.max_tensor_bytes}-byte frame limit; send fewer rows per request"
-                )
-        if total > limits.max_message_bytes:
-            raise ResourceExhausted(
-                f"the reply of model {header.model} is {total} bytes, over the "
-                f"{limits.max_message_bytes}-byte message limit; send fewer rows per request"
-            )
-        return frames
