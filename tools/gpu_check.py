@@ -186,7 +186,7 @@ def bench_mlp(repo: Path, figures: dict[str, Any]) -> None:
     from mcp_worker.backends.cuda_backend import CudaBackend  # noqa: PLC0415
     from mcp_worker.backends.cuda_device import device_memory_info  # noqa: PLC0415
     from mcp_worker.backends.numpy_backend import NumpyBackend  # noqa: PLC0415
-    from mcpcore.modelspec import load_model_yaml  # noqa: PLC0415
+    from mcpcore.model_yaml import load_model_yaml  # noqa: PLC0415
 
     config = load_model_yaml(repo / "demo-mlp" / "1")
     weights = (repo / "demo-mlp" / "1" / "weights.safetensors").read_bytes()
@@ -227,7 +227,7 @@ def _wide_model(seed: int) -> tuple[Any, bytes]:
     import numpy as np  # noqa: PLC0415
     import safetensors.numpy  # noqa: PLC0415
 
-    from mcpcore.modelspec import model_config_from_dict  # noqa: PLC0415
+    from mcpcore.model_yaml import model_config_from_dict  # noqa: PLC0415
 
     rng = np.random.default_rng(seed)
     tensors = {
@@ -470,7 +470,7 @@ def bench_onnx_cuda(repo: Path, figures: dict[str, Any]) -> str:
 
     from mcp_worker.backends import create_backend  # noqa: PLC0415
     from mcp_worker.backends.onnx_backend import CUDA_PROVIDER, ort  # noqa: PLC0415
-    from mcpcore.modelspec import load_model_yaml  # noqa: PLC0415
+    from mcpcore.model_yaml import load_model_yaml  # noqa: PLC0415
 
     if ort is None or CUDA_PROVIDER not in ort.get_available_providers():
         figures["onnx_cuda"] = "not measured: this onnxruntime has no CUDAExecutionProvider"

@@ -13,7 +13,8 @@ Each leaf's common name is its name (what ``tls.control_clients`` matches). Serv
 workers) also have DNS SANs for ``localhost`` and the --hosts entries and an IP SAN for 127.0.0.1; ``admin``
 and ``client`` are client certificates only, with no host names. A worker's certificate also carries the
 URI SAN ``urn:mcpmesh:worker:<id>``: routers and SDK clients accept a worker record only when it is signed
-by the certificate with that id (``mcpcore.signing``). For production, issue the same names from your CA.
+by the certificate with that id (``mcpcore.record_signing``). For production, issue the same names from
+your CA.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Invariants:
 - ``direct=True``: ``Route`` once per (model, version, key), cached at most ``route_ttl_s`` (1 s), so
   traffic splits, breaker levels and moved replicas reach direct traffic within a second; the cache is
   dropped for a model whenever the worker says it does not hold it, is draining, or its link fails. The
-  tensors go to the worker over ZeroMQ through ``mcpcore.forwarder`` — the router's own link: this
+  tensors go to the worker over ZeroMQ through ``mcpcore.transport`` — the router's own link: this
   client's correlation ids, the deadline as ``timeout_us``, priority, the route's header flags and
   features, CURVE with the worker's published key, coalescing where the worker takes it, no copies — plus
   ``FLAG_DIRECT``, so the worker counts the outcome for the breakers. The SDK never reads etcd.
@@ -29,7 +29,7 @@ Invariants:
   else it fails ``Unavailable`` "may have started".
 - Same host: a direct request of at least ``shm.MIN_BYTES`` of tensors, to a worker reached on
   its same-host endpoint whose record lists ``FEATURE_SHM``, lends the worker a region of this process's
-  shared memory (``mcpcore.shm``, through the forwarder, as a router does): the inputs are copied there
+  shared memory (``shm_lease``, through the forwarder, as a router does): the inputs are copied there
   once, the worker reads them in place and writes its outputs into the same region, and the outputs
   returned are read-only views of it, which keep it from reuse while any of them lives
   (``stats.shared``). A worker that cannot take it answers not started; the request goes again at once
@@ -45,7 +45,6 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -65,6 +64,7 @@ from mcpapi.v2 import (
     model_pb2,
     tensor_pb2,
 )
+from mcpclient.config import client_environment
 from mcpcore import dtypes, wire
 from mcpcore.errors import (
     DeadlineExceeded,
@@ -72,13 +72,13 @@ from mcpcore.errors import (
     MCPError,
     PermissionDenied,
     Unavailable,
-    from_rpc_error,
     not_started,
 )
-from mcpcore.forwarder import Forwarder, MayHaveStarted, NotSent
+from mcpcore.record_signing import RecordVerifier, local_claim, payload
 from mcpcore.retry import RetryBudget
-from mcpcore.signing import RecordVerifier, local_claim, payload
 from mcpcore.tls import TLSConfig, aio_channel, load_curve_keypair
+from mcpcore.transport.forwarder import Forwarder, MayHaveStarted, NotSent
+from mcpcore.transport.grpc_status import from_rpc_error
 
 __all__ = ["AsyncMeshClient", "ClientStats", "MeshClient", "ModelInfo", "ReplicaInfo", "Route", "TLSConfig"]
 
@@ -123,12 +123,12 @@ class Route:
     zmq_features: frozenset[str] = frozenset()
     incarnation: str = ""
     idempotent: bool = False  # the version may run twice: sent once more after its worker failed
-    record_certificate: str = ""  # the worker record's proof (mcpcore.signing)
+    record_certificate: str = ""  # the worker record's proof (mcpcore.record_signing)
     record_signature: str = ""
     control_endpoint: str = ""  # the worker's gRPC address (signed with the record)
-    record_local_signature: str = ""  # its signed offer of a same-host endpoint (mcpcore.signing.local_claim)
+    record_local_signature: str = ""  # its signed offer of a same-host endpoint (record_signing.local_claim)
 
-    # mcpcore.forwarder.LinkTarget
+    # mcpcore.transport.link.LinkTarget
     @property
     def id(self) -> str:
         return self.worker_id
@@ -339,12 +339,12 @@ class AsyncMeshClient:
             )
         self._addresses = addresses
         self._tls = tls
-        # given the CA, a worker's signed record is checked before tensors go to it (mcpcore.signing)
+        # given the CA, a worker's signed record is checked before tensors go to it (mcpcore.record_signing)
         self._verifier = RecordVerifier(tls.ca_file) if tls is not None and tls.ca_file else None
         self._verified: dict[Route, Route] = {}  # a route checked -> the one to use (module docstring)
         self._idempotent: dict[tuple[str, str], bool] = {}  # (model, version asked) -> may run twice
         self._curve = load_curve_keypair(curve_secret_key_file) if curve_secret_key_file else None
-        self._scheduler_address = scheduler or os.environ.get("MCP_SCHEDULER", DEFAULT_SCHEDULER)
+        self._scheduler_address = scheduler or client_environment().scheduler or DEFAULT_SCHEDULER
         self.timeout = timeout
         self._ttl = route_ttl_s
         self._max_in_flight = max_in_flight

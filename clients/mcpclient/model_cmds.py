@@ -18,10 +18,11 @@ import yaml
 from rich.text import Text
 
 from mcpclient.ctlkit import Ctl, output_option, pass_ctl
-from mcpcore.crypto import Keyring, decrypt_file, encrypt_file, generate_key, write_keyring
 from mcpcore.errors import AlreadyExists, FailedPrecondition, InvalidArgument
+from mcpcore.keyring import Keyring, generate_key, write_keyring
 from mcpcore.keys import check_name, check_version
-from mcpcore.modelspec import load_model_yaml, model_config_from_dict
+from mcpcore.model_encryption import decrypt_file, encrypt_file
+from mcpcore.model_yaml import load_model_yaml, model_config_from_dict
 
 __all__ = ["COMMANDS"]
 

@@ -1,6 +1,6 @@
 """Fuzzing ``model.yaml``: ``parse_model_yaml`` on hostile documents, and a worker asked to load one.
 
-Contract (``mcpcore.modelspec``): whatever the text, the only exception is ``InvalidArgument`` whose
+Contract (``mcpcore.model_yaml``): whatever the text, the only exception is ``InvalidArgument`` whose
 message names the file and the key path (``model.yaml <model>/<version>: <path>: ...``), bounded in
 size; and a worker answers a Load of such a model INVALID_ARGUMENT with that message while it keeps
 serving the models it holds.
@@ -30,7 +30,8 @@ from hypothesis import strategies as st
 
 from mcpapi.v2 import worker_pb2
 from mcpcore.errors import InvalidArgument
-from mcpcore.modelspec import ModelConfig, parse_model_yaml
+from mcpcore.model_yaml import parse_model_yaml
+from mcpcore.modelspec import ModelConfig
 
 DEMO = """\
 backend: numpy

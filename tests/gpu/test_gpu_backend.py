@@ -23,7 +23,8 @@ from mcp_worker.backends import cuda_device
 from mcp_worker.backends.cuda_backend import CudaBackend
 from mcp_worker.backends.numpy_backend import NumpyBackend
 from mcpcore.errors import FailedPrecondition
-from mcpcore.modelspec import ModelConfig, load_model_yaml, model_config_from_dict
+from mcpcore.model_yaml import load_model_yaml, model_config_from_dict
+from mcpcore.modelspec import ModelConfig
 
 _OK, _WHY = CudaBackend.available()
 pytestmark = [

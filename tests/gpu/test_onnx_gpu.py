@@ -19,7 +19,7 @@ import pytest
 from mcp_worker.backends import create_backend
 from mcp_worker.backends.instances import Instances
 from mcp_worker.backends.onnx_backend import CUDA_PROVIDER, _device_used_bytes, ort
-from mcpcore.modelspec import load_model_yaml
+from mcpcore.model_yaml import load_model_yaml
 
 _WHY = ""
 if ort is None or CUDA_PROVIDER not in ort.get_available_providers():

@@ -1,5 +1,5 @@
-"""Same-host shared memory on the SDK's direct path (``mcpcore.shm``), against a real worker, scheduler and
-router on a real etcd.
+"""Same-host shared memory on the SDK's direct path (``mcpcore.transport.shm_lease``), against a real worker,
+scheduler and router on a real etcd.
 
 Both sides of the boundary: the SDK lends its memfd regions and reads the outputs the worker wrote there
 (``stats.shared``); the worker maps them, counts the bytes (``mcp_worker_shared_memory_bytes_total``) and
@@ -29,13 +29,14 @@ from mcpapi.kserve import grpc_service_pb2 as kserve_pb
 from mcpapi.kserve import grpc_service_pb2_grpc as kserve_grpc
 from mcpapi.v2 import tensor_pb2
 from mcpclient import AsyncMeshClient, DeadlineExceeded, MeshClient
-from mcpcore import shm, wire
+from mcpcore import wire
 from mcpcore.keys import Keyspace
+from mcpcore.transport import shm_lease
 
-pytestmark = pytest.mark.skipif(not shm.AVAILABLE, reason="same-host shared memory is Linux-only")
+pytestmark = pytest.mark.skipif(not shm_lease.AVAILABLE, reason="same-host shared memory is Linux-only")
 
 MODEL = "relu-wide"
-WIDE = 128 << 10  # floats per row: 512 KiB, over shm.MIN_BYTES
+WIDE = 128 << 10  # floats per row: 512 KiB, over shm_lease.MIN_BYTES
 FAILED_PRECONDITION, INVALID_ARGUMENT = 9, 3
 
 
@@ -111,7 +112,7 @@ def test_outputs_stay_valid_while_held_and_a_free_region_is_reused(mesh) -> None
         first = client.infer(MODEL, {"INPUT": x1}, direct=True)["OUTPUT"]
         kept = first.copy()
         second = client.infer(MODEL, {"INPUT": x2}, direct=True)["OUTPUT"]
-        pool = client._client._fwd.regions
+        pool = client._client._fwd.lender.regions
         assert pool is not None and pool.created == 2  # the first region was still held by `first`
         assert np.array_equal(first, kept)  # not overwritten by the second request
         assert np.array_equal(second, _relu(x2))
@@ -151,7 +152,7 @@ def test_small_requests_and_a_client_that_turns_it_off_send_frames(mesh, monkeyp
     before = _shared_bytes(mesh, "in")
     x = _x(4)
     with _client(mesh) as client, monkeypatch.context() as patch:
-        patch.setattr(shm, "MIN_BYTES", x.nbytes + 1)
+        patch.setattr(shm_lease, "MIN_BYTES", x.nbytes + 1)
         client.infer(MODEL, {"INPUT": x}, direct=True)
         assert (client.stats.direct, client.stats.shared) == (1, 0)
     with _client(mesh, shared_memory=False) as client:
@@ -296,7 +297,7 @@ def test_the_sdk_lends_regions_only_on_the_same_host_endpoint(
     tmp_path, etcd_endpoint: str, repo: Path
 ) -> None:
     """A worker with ``--no-zmq-local`` offers no "shm" (its senders are on TCP), and the SDK sends frames."""
-    assert _x(8).nbytes >= shm.MIN_BYTES
+    assert _x(8).nbytes >= shm_lease.MIN_BYTES
     with small_mesh(tmp_path, etcd_endpoint, repo, MODEL, ["1"], worker_flags={"zmq_local": False}) as m:
         with _client(m) as client:
             assert wire.FEATURE_SHM not in client.route(MODEL).zmq_features
@@ -351,7 +352,7 @@ def test_an_abandoned_request_spoils_its_region(mesh) -> None:
     the worker may have written into it after the client stopped waiting."""
     with _client(mesh) as client:
         client.infer(MODEL, {"INPUT": _x(9)}, direct=True)
-        pool = client._client._fwd.regions
+        pool = client._client._fwd.lender.regions
         gc.collect()
         assert pool is not None and pool.idle == 1  # its outputs are gone: the region is back
         os.kill(mesh.worker.proc.pid, signal.SIGSTOP)  # frozen: the next request times out, abandoned

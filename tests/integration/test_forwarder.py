@@ -22,10 +22,11 @@ from mcp_router.config import RouterConfig
 from mcp_router.server import RouterServer
 from mcp_router.snapshot import WorkerEndpoint
 from mcpapi.v2 import tensor_pb2
-from mcpcore import shm, wire
+from mcpcore import wire
 from mcpcore.config import load_config
 from mcpcore.errors import DeadlineExceeded, Internal
-from mcpcore.forwarder import Forwarder, MayHaveStarted, NotSent, link_address
+from mcpcore.transport import shm_lease
+from mcpcore.transport.forwarder import Forwarder, MayHaveStarted, NotSent, link_address
 
 X = np.arange(8, dtype=np.float32).reshape(2, 4)
 
@@ -144,7 +145,7 @@ async def test_each_request_fails_at_its_own_deadline_and_answered_ones_are_not_
         await peer.reply(identity, ok_reply(got), [])
         answered.append(await task)
     assert len(answered) == 20
-    assert fwd._due == {}  # no slot (and no timer) is kept for requests that ended
+    assert fwd.deadlines.due == {}  # no slot (and no timer) is kept for requests that ended
 
 
 async def test_a_client_that_goes_away_cancels_at_the_worker_and_leaves_no_deadline_behind(setup):
@@ -157,7 +158,7 @@ async def test_a_client_that_goes_away_cancels_at_the_worker_and_leaves_no_deadl
         await sending
     _, cancel, frames = await asyncio.wait_for(peer.request(), 5)
     assert cancel.kind == tensor_pb2.KIND_CANCEL and cancel.request_id == header.request_id and not frames
-    assert fwd._due == {}
+    assert fwd.deadlines.due == {}
     assert fwd.loads["w1"] == 1  # the worker still holds it until it answers
     await peer.reply(identity, ok_reply(got), [])
 
@@ -180,12 +181,12 @@ async def test_a_deadline_that_comes_before_the_links_flush_sends_nothing():
     def slot_comes_due() -> None:  # runs after the send's first step, before the flush it scheduled
         entry = fwd._links["w1"].pending[header.request_id]
         assert header.request_id in fwd._links["w1"].outbox
-        fwd._expire(entry.slot)
+        fwd.deadlines.expire(entry.slot)
 
     loop.call_soon(slot_comes_due)
     with pytest.raises(DeadlineExceeded):
         await sending
-    assert fwd.loads["w1"] == 0 and fwd._due == {}
+    assert fwd.loads["w1"] == 0 and fwd.deadlines.due == {}
     nxt = request(fwd)
     answer = asyncio.create_task(fwd.send("w1", nxt, {"X": X}, timeout_s=5))
     identity, first, _ = await asyncio.wait_for(peer.request(), 5)
@@ -316,14 +317,14 @@ async def test_a_second_answer_to_a_request_that_expects_one_fails_it(setup):
         await send
 
 
-@pytest.mark.skipif(not shm.AVAILABLE, reason="same-host shared memory is Linux-only")
+@pytest.mark.skipif(not shm_lease.AVAILABLE, reason="same-host shared memory is Linux-only")
 async def test_a_lent_region_is_spoiled_when_its_last_reply_can_no_longer_come(setup):
     """A request that lent shared memory and failed early (here: answered twice) is still held by its
     worker; when the link then fails, no last reply will say the worker is done with the region, so the
     region is spoiled (never reused). One whose last reply came is not. (The peer here is no same-host
     worker, so the leases are handed to the forwarder's sending step directly.)"""
     fwd, peer, _, down = setup
-    pool = shm.RegionPool(max_region_bytes=1 << 24)
+    pool = shm_lease.RegionPool(max_region_bytes=1 << 24)
     answered, failed = pool.lease([X]), pool.lease([X])
     done = asyncio.create_task(
         fwd._send("w1", request(fwd), {"X": X}, timeout_s=30, nbytes=0, on_partial=None, shared=answered)
@@ -454,7 +455,7 @@ async def test_requests_whose_early_send_is_refused_fail_not_sent_the_callers_to
         results = await asyncio.wait_for(asyncio.gather(*sending, return_exceptions=True), 5)
         assert [type(r) for r in results] == [NotSent] * 4
         assert all("link is full or not connected" in str(r) for r in results)
-        assert fwd.loads["w1"] == 0 and fwd._due == {} and link.pending == {}
+        assert fwd.loads["w1"] == 0 and fwd.deadlines.due == {} and link.pending == {}
         monkeypatch.undo()
         header = request(fwd)
         answered = asyncio.create_task(fwd.send("w1", header, {"X": X}, timeout_s=5))
@@ -469,7 +470,7 @@ async def test_the_router_hands_its_coalesce_flush_at_to_its_forwarder(value):
     config = load_config(RouterConfig, env={"MCP_ROUTER_COALESCE_FLUSH_AT": value}, env_prefix="MCP_ROUTER_")
     router = RouterServer(config)
     try:
-        assert router.forwarder.flush_at == int(value)
+        assert router.forwarder.outboxes.flush_at == int(value)
     finally:
         await router.forwarder.close()
 

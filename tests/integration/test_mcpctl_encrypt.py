@@ -15,8 +15,9 @@ import pytest
 import yaml
 
 from mcp_worker.repository import ModelRepository
-from mcpcore.crypto import CHUNK_BYTES, Keyring, encrypt_file, read_header, write_keyring
 from mcpcore.errors import PermissionDenied
+from mcpcore.keyring import Keyring, write_keyring
+from mcpcore.model_encryption import CHUNK_BYTES, encrypt_file, read_header
 
 WEIGHTS = b"\x00\x01 fake safetensors bytes \xff" * 50
 MODEL_YAML = """\

@@ -54,7 +54,7 @@ from mcpclient import MeshClient, PermissionDenied, TLSConfig, Unavailable
 from mcpclient.mcpctl import main as mcpctl_main
 from mcpcore import dtypes, wire
 from mcpcore.keys import Keyspace
-from mcpcore.signing import RecordSigner, local_claim, payload
+from mcpcore.record_signing import RecordSigner, local_claim, payload
 
 WORKER = f"w-sec-{uuid.uuid4().hex[:4]}"
 X = np.random.default_rng(11).random((1, 64), dtype=np.float32)

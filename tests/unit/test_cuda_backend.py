@@ -22,7 +22,8 @@ from mcp_worker.backends import create_backend, cuda_device
 from mcp_worker.backends.cuda_backend import KERNELS, ROW_THREADS, TILE, CudaBackend, plan_layers
 from mcp_worker.backends.numpy_backend import LAYERNORM_EPS
 from mcpcore.errors import FailedPrecondition, InvalidArgument
-from mcpcore.modelspec import ModelConfig, model_config_from_dict
+from mcpcore.model_yaml import model_config_from_dict
+from mcpcore.modelspec import ModelConfig
 
 KERNELS_CU = Path(__file__).resolve().parents[2] / "libs" / "native" / "cuda" / "kernels.cu"
 RNG = np.random.default_rng(7)

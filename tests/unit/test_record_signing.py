@@ -1,4 +1,5 @@
-"""Signed worker records (mcpcore.signing) and the pure parts of mcpcore.tls, against make certs' output."""
+"""Signed worker records (mcpcore.record_signing) and the pure parts of mcpcore.tls, against make
+certs' output."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mcpcore.errors import PermissionDenied
-from mcpcore.signing import RecordSigner, RecordVerifier, payload
+from mcpcore.record_signing import RecordSigner, RecordVerifier, payload
 from mcpcore.tls import Access, TLSConfig, http_peer_names, peer_names
 
 ROOT = Path(__file__).resolve().parents[2]

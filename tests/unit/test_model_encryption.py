@@ -1,7 +1,8 @@
-"""mcpcore.crypto: round trips; format 2 byte by byte; a wrong or unknown key is PermissionDenied; any damage
-to the file (flips, truncation, extension, reordered, swapped or dropped chunks, hostile headers), or a copy
-under another model name or version, is DataLoss or PermissionDenied and never succeeds, nor allocates what
-a header claims; format-1 files still load; decryption holds one plaintext-sized buffer; keys never show."""
+"""mcpcore.model_encryption with mcpcore.keyring: round trips; format 2 byte by byte; a wrong or unknown key
+is PermissionDenied; any damage to the file (flips, truncation, extension, reordered, swapped or dropped
+chunks, hostile headers), or a copy under another model name or version, is DataLoss or PermissionDenied
+and never succeeds, nor allocates what a header claims; format-1 files still load; decryption holds one
+plaintext-sized buffer; keys never show."""
 
 from __future__ import annotations
 
@@ -20,27 +21,24 @@ from Crypto.Cipher import AES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mcpcore.crypto import (
+from mcpcore.errors import DataLoss, InvalidArgument, MCPError, NotFound, PermissionDenied
+from mcpcore.keyring import KEY_BYTES, Keyring, generate_key, write_keyring
+from mcpcore.model_encryption import (
     CHUNK_BYTES,
-    KEY_BYTES,
     MAGIC,
     MAX_CHUNK_BYTES,
     MAX_PLAINTEXT_BYTES,
     MIN_CHUNK_BYTES,
     NONCE_BYTES,
     TAG_BYTES,
-    Keyring,
     decrypt_file,
     decrypt_model_bytes,
     encrypt_file,
     encrypt_model_bytes,
-    generate_key,
     key_check_value,
     open_encrypted,
     read_header,
-    write_keyring,
 )
-from mcpcore.errors import DataLoss, InvalidArgument, MCPError, NotFound, PermissionDenied
 
 KEY = bytes(range(KEY_BYTES))
 OTHER = bytes(range(100, 100 + KEY_BYTES))
@@ -562,7 +560,7 @@ def test_keyring_warns_when_others_can_read(tmp_path: Path, caplog: pytest.LogCa
     path = tmp_path / "ring.json"
     write_keyring(path, {"k1": KEY})
     assert path.stat().st_mode & 0o777 == 0o600
-    with caplog.at_level(logging.WARNING, logger="mcpcore.crypto"):
+    with caplog.at_level(logging.WARNING, logger="mcpcore.keyring"):
         Keyring.load(path)
         assert not caplog.records
         path.chmod(0o644)

@@ -1,5 +1,5 @@
-"""Encrypted model files: chunked AES-256-GCM with the model name and version authenticated, streamed, keys
-from a keyring.
+"""Encrypted model files: chunked AES-256-GCM with the model name and version authenticated, streamed; the
+keys come from a ``mcpcore.keyring.Keyring``.
 
 File format 2, the one written (integers unsigned; the multi-byte ones big-endian)::
 
@@ -51,58 +51,46 @@ Invariants:
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hmac
 import io
-import json
-import logging
 import os
 import secrets
-import stat
 import struct
-import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from hashlib import sha256
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import yaml
 from Crypto.Cipher import AES
 
+from mcpcore.atomic_files import atomic_write
 from mcpcore.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from mcpcore.keyring import KEY_BYTES, Keyring
 from mcpcore.keys import NAME_RE, check_name, check_version
 
 __all__ = [
     "CHUNK_BYTES",
     "FORMAT_VERSION",
-    "KEY_BYTES",
     "MAGIC",
     "MAX_CHUNK_BYTES",
     "MAX_PLAINTEXT_BYTES",
     "MIN_CHUNK_BYTES",
     "EncHeader",
     "EncryptedFile",
-    "Keyring",
     "decrypt_file",
     "decrypt_model_bytes",
     "encrypt_file",
     "encrypt_model_bytes",
-    "generate_key",
     "key_check_value",
     "open_encrypted",
     "read_header",
-    "write_keyring",
 ]
-
-log = logging.getLogger(__name__)
 
 MAGIC = b"MCPENC"
 FORMAT_VERSION = 2  # the version written; READ_VERSIONS are read
 READ_VERSIONS = (1, 2)
-KEY_BYTES = 32
 NONCE_BYTES = 12
 NONCE_PREFIX_BYTES = 7
 TAG_BYTES = 16
@@ -113,7 +101,6 @@ MIN_CHUNK_BYTES = 1 << 10
 MAX_CHUNK_BYTES = 1 << 24
 MAX_PLAINTEXT_BYTES = 1 << 34
 _KCV_LABEL = b"mcpmesh key check v1"
-_MAX_KEYRING_BYTES = 1 << 20
 _FIXED = len(MAGIC) + 2  # magic, format version, key id length
 _V2_FIELDS = struct.Struct(">7sIQ")  # nonce prefix, chunk size, plaintext length
 _TAIL = {1: KCV_BYTES + NONCE_BYTES, 2: KCV_BYTES + _V2_FIELDS.size}  # header bytes after the key id
@@ -123,144 +110,6 @@ _MAX_HEADER_BYTES = _FIXED + MAX_KEY_ID_BYTES + max(_TAIL.values())
 def key_check_value(key: bytes) -> bytes:
     """A short one-way fingerprint of ``key``, stored in the header to recognise a wrong key."""
     return hmac.new(key, _KCV_LABEL, sha256).digest()[:KCV_BYTES]
-
-
-def generate_key() -> bytes:
-    """A fresh random AES-256 key."""
-    return secrets.token_bytes(KEY_BYTES)
-
-
-# --- keyring -----------------------------------------------------------------------------------------------
-
-
-class Keyring:
-    """Key id -> 32-byte key. Built by ``load`` (a file) or ``from_keys`` (tests); never shows its keys."""
-
-    __slots__ = ("_keys", "path")
-
-    def __init__(self, keys: Mapping[str, bytes], path: str = "<memory>") -> None:
-        self.path = str(path)
-        self._keys: dict[str, bytes] = {}
-        for key_id, key in keys.items():
-            if not isinstance(key_id, str) or NAME_RE.fullmatch(key_id) is None:
-                raise InvalidArgument(f"keyring {self.path}: key id {key_id!r} is not a valid name")
-            if not isinstance(key, bytes) or len(key) != KEY_BYTES:
-                size = len(key) if isinstance(key, bytes) else type(key).__name__
-                raise InvalidArgument(
-                    f"keyring {self.path}: key {key_id!r} must be {KEY_BYTES} bytes, got {size}"
-                )
-            self._keys[key_id] = key
-
-    @classmethod
-    def from_keys(cls, keys: Mapping[str, bytes]) -> Keyring:
-        return cls(keys)
-
-    @classmethod
-    def load(cls, path: str | Path) -> Keyring:
-        """Read ``{"keys": {"<key id>": "<base64 of 32 bytes>"}}`` (JSON or YAML) from ``path``."""
-        path = Path(path)
-        try:
-            with path.open("rb") as f:
-                mode = os.fstat(f.fileno()).st_mode
-                raw = f.read(_MAX_KEYRING_BYTES + 1)
-        except FileNotFoundError:
-            raise NotFound(f"keyring {path}: no such file") from None
-        except OSError as err:
-            raise PermissionDenied(f"keyring {path}: cannot read: {err.strerror}") from None
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            log.warning(
-                "keyring %s is readable by group or others (mode %o): chmod 600 it", path, mode & 0o777
-            )
-        if len(raw) > _MAX_KEYRING_BYTES:
-            raise InvalidArgument(f"keyring {path}: larger than {_MAX_KEYRING_BYTES} bytes")
-        return cls(_decode_keys(_parse_keyring(raw, path), path), str(path))
-
-    @property
-    def key_ids(self) -> tuple[str, ...]:
-        return tuple(sorted(self._keys))
-
-    def __contains__(self, key_id: object) -> bool:
-        return key_id in self._keys
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
-    def get(self, key_id: str) -> bytes:
-        try:
-            return self._keys[key_id]
-        except KeyError:
-            raise PermissionDenied(f"key id {key_id!r} is not in keyring {self.path}") from None
-
-    def __repr__(self) -> str:
-        return f"Keyring(path={self.path!r}, key_ids={list(self.key_ids)!r})"
-
-    __str__ = __repr__
-
-
-def _parse_keyring(raw: bytes, path: Path) -> Any:
-    # Parser messages can quote the offending line, which may hold key material: report positions only.
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InvalidArgument(f"keyring {path}: not UTF-8") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        pass
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" near line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise InvalidArgument(f"keyring {path}: neither valid JSON nor valid YAML{where}") from None
-
-
-def _decode_keys(data: Any, path: Path) -> dict[str, bytes]:
-    if not isinstance(data, Mapping) or not isinstance(data.get("keys"), Mapping):
-        raise InvalidArgument(f'keyring {path}: expected a mapping {{"keys": {{"<key id>": "<base64>"}}}}')
-    keys: dict[str, bytes] = {}
-    for key_id, value in data["keys"].items():
-        if not isinstance(key_id, str) or NAME_RE.fullmatch(key_id) is None:
-            raise InvalidArgument(
-                f"keyring {path}: key id {key_id!r} is not valid: use letters, digits, '_', '.' or '-'"
-            )
-        if not isinstance(value, str):
-            raise InvalidArgument(
-                f"keyring {path}: key {key_id!r} must be a base64 string, got {type(value).__name__}"
-            )
-        try:
-            key = base64.b64decode(value.strip(), validate=True)
-        except (binascii.Error, ValueError):
-            raise InvalidArgument(f"keyring {path}: key {key_id!r} is not valid base64") from None
-        if len(key) != KEY_BYTES:
-            raise InvalidArgument(
-                f"keyring {path}: key {key_id!r} decodes to {len(key)} bytes; AES-256 needs {KEY_BYTES}"
-            )
-        keys[key_id] = key
-    return keys
-
-
-def write_keyring(path: str | Path, keys: Mapping[str, bytes]) -> None:
-    """Write ``keys`` as a JSON keyring readable by its owner only (mode 0600), replacing ``path``."""
-    path = Path(path)
-    Keyring(keys, str(path))  # validates ids and sizes
-    doc = {"keys": {k: base64.b64encode(v).decode("ascii") for k, v in keys.items()}}
-    _atomic_write(path, [(json.dumps(doc, indent=2) + "\n").encode("ascii")], 0o600)
-
-
-def _atomic_write(path: Path, pieces: Iterable[bytes], mode: int) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as f:
-            for piece in pieces:
-                f.write(piece)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # --- file format: header -----------------------------------------------------------------------------------
@@ -593,4 +442,4 @@ def encrypt_file(
         size = os.fstat(f.fileno()).st_size
         _check_limit(size, f"cannot encrypt {src}: it holds", InvalidArgument)
         args = {"key": key, "key_id": key_id, "model": model, "version": version, "chunk_size": chunk_size}
-        _atomic_write(dst, _sealed(f, size, str(src), **args), 0o644)
+        atomic_write(dst, _sealed(f, size, str(src), **args), 0o644)

@@ -1,4 +1,4 @@
-"""The one input/output check (mcpcore.signature), which the router and the worker both run."""
+"""The one input/output check (mcpcore.tensor_signature), which the router and the worker both run."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from mcpcore.errors import InvalidArgument
 from mcpcore.modelspec import TensorSpec
-from mcpcore.signature import check_inputs, check_outputs
+from mcpcore.tensor_signature import check_inputs, check_outputs
 
 SPECS = (TensorSpec("a", "FP32", (-1, 4)), TensorSpec("input:0", "INT64", (-1,)))
 

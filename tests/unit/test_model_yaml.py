@@ -1,5 +1,5 @@
-"""mcpcore.modelspec: the demo MLP parses; every invalid model.yaml names the bad key path; dense chains
-validate exactly when their dims line up."""
+"""mcpcore.model_yaml (into mcpcore.modelspec's types): the demo MLP parses; every invalid model.yaml names
+the bad key path; dense chains validate exactly when their dims line up."""
 
 from __future__ import annotations
 
@@ -12,17 +12,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcpcore import modelspec
+from mcpcore import model_yaml, modelspec
 from mcpcore.errors import InvalidArgument, NotFound
-from mcpcore.modelspec import (
-    DynamicBatching,
-    Layer,
-    QoS,
-    TensorSpec,
-    load_model_yaml,
-    model_config_from_dict,
-    parse_model_yaml,
-)
+from mcpcore.model_yaml import load_model_yaml, model_config_from_dict, parse_model_yaml
+from mcpcore.modelspec import DynamicBatching, Layer, QoS, TensorSpec
 
 DEMO_MLP = """\
 backend: numpy
@@ -81,7 +74,7 @@ def test_demo_mlp_parses() -> None:
 
 
 def test_docstring_example_is_the_demo_mlp() -> None:
-    block = modelspec.__doc__.split("::\n\n", 1)[1].split("\n\n", 1)[0]  # type: ignore[union-attr]
+    block = model_yaml.__doc__.split("::\n\n", 1)[1].split("\n\n", 1)[0]  # type: ignore[union-attr]
     text = "\n".join(line[4:] for line in block.splitlines())
     cfg = parse_model_yaml(text, model="demo-mlp", version="1")
     assert cfg.layers == parse_model_yaml(DEMO_MLP, model="demo-mlp", version="1").layers
