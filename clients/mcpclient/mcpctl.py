@@ -21,13 +21,13 @@ load, unload, pause, resume, traffic, breaker, drain, undrain), ``request_cmds``
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from collections.abc import Sequence
 
 import click
 
 from mcpclient import cluster_cmds, debug_cmds, model_cmds, request_cmds
+from mcpclient.config import client_environment
 from mcpclient.ctlkit import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -136,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say(ctl.command, "interrupted")
         return EXIT_INTERRUPTED
     except Exception as err:
-        if os.environ.get("MCPCTL_DEBUG"):
+        if client_environment().ctl_debug:
             raise
         _say(ctl.command, f"internal error: {type(err).__name__}: {err} (MCPCTL_DEBUG=1 shows the traceback)")
         return EXIT_FAILED

@@ -1,6 +1,7 @@
 """Real router and worker processes put grpc's and libzmq's helper threads under SCHED_BATCH by the time
-they say "ready" (``mcpcore.helper_threads``); their event loop's thread and every other keep the default;
-``MCP_BATCH_HELPER_THREADS=0`` leaves every thread as it was."""
+they say "ready" (``mcpcore.helper_threads``) when ``MCP_BATCH_HELPER_THREADS=1`` (the default on two cores
+or more: ``mcpcore.tuning``); their event loop's thread and every other keep the default; ``0`` leaves every
+thread as it was."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def threads(pid: int) -> dict[int, tuple[str, int]]:
     return out
 
 
-@pytest.mark.parametrize("setting", [None, "0"], ids=["default", "off"])
+@pytest.mark.parametrize("setting", ["1", "0"], ids=["on", "off"])
 def test_helper_threads_run_under_sched_batch_and_nothing_else_does(tmp_path, etcd_endpoint, setting):
     prefix = f"/t{uuid.uuid4().hex[:8]}/mcp"
     repo = make_demo_repository(tmp_path / "models")
@@ -36,8 +37,7 @@ def test_helper_threads_run_under_sched_batch_and_nothing_else_does(tmp_path, et
     # the helpers each must have by "ready": the router's grpc++ front door, the worker's tensor socket
     expected = ((worker, "ZMQbg/"), (router, "nexting_thread"))
     for proc, _ in expected:
-        if setting is not None:
-            proc.env["MCP_BATCH_HELPER_THREADS"] = setting
+        proc.env["MCP_BATCH_HELPER_THREADS"] = setting
         proc.start()
     try:
         for proc, must in expected:
@@ -46,7 +46,7 @@ def test_helper_threads_run_under_sched_batch_and_nothing_else_does(tmp_path, et
             assert any(name.startswith(must) for name, _ in seen.values()), (proc.name, seen)
             assert seen[proc.proc.pid][1] == os.SCHED_OTHER  # the event loop's thread
             for name, policy in seen.values():
-                batched = name.startswith(HELPERS) and setting is None
+                batched = name.startswith(HELPERS) and setting == "1"
                 assert policy == (os.SCHED_BATCH if batched else os.SCHED_OTHER), (proc.name, name)
     finally:
         router.stop()

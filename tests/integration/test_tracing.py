@@ -32,7 +32,6 @@ from mcpapi.kserve import grpc_service_pb2_grpc as kserve_grpc
 from mcpapi.v2 import inference_pb2 as v2
 from mcpapi.v2 import inference_pb2_grpc as v2_grpc
 from mcpcore import dtypes, tracing, wire
-from mcpcore.errors import InvalidArgument
 
 X = np.random.default_rng(11).standard_normal((1, 64), dtype=np.float32)
 MODEL = "demo-mlp"
@@ -310,18 +309,7 @@ def test_without_an_endpoint_the_router_exports_nothing_and_sends_no_context(
     assert not any(line["msg"].startswith("tracing on") for line in lines)
 
 
-def test_endpoint_ratio_and_traceparent_helpers():
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://all:4317", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "t:4317"}
-    assert tracing.endpoint("https://flag:4317", env) == "https://flag:4317"  # the option first
-    assert tracing.endpoint("", env) == "http://t:4317"  # then traces', a bare host:port as plaintext
-    assert tracing.endpoint("", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://all:4317"}) == "http://all:4317"
-    assert tracing.endpoint("", {}) == ""  # none: off
-    assert (
-        tracing.sample_ratio({}) == 1.0 and tracing.sample_ratio({"OTEL_TRACES_SAMPLER_ARG": "0.25"}) == 0.25
-    )
-    for bad in ("1.5", "-0.1", "half"):
-        with pytest.raises(InvalidArgument, match="OTEL_TRACES_SAMPLER_ARG"):
-            tracing.sample_ratio({"OTEL_TRACES_SAMPLER_ARG": bad})
+def test_traceparent_helpers():  # the endpoint and the ratio are settings: tests/unit/test_config.py
     trace_id, span_id, traceparent = _ids()
     parent = tracing.from_traceparent(traceparent)
     token = tracing.attach(parent)

@@ -4,6 +4,7 @@ and the source."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,7 +14,17 @@ from mcp_health.config import HealthConfig
 from mcp_router.config import RouterConfig
 from mcp_scheduler.config import SchedulerConfig
 from mcp_worker.config import WorkerConfig
-from mcpcore.config import add_flags, load_config, overrides_from_args, parse_bool, parse_duration
+from mcpcore.config import (
+    add_flags,
+    describe,
+    env_names,
+    flat,
+    load_config,
+    overrides_from_args,
+    parse_bool,
+    parse_duration,
+    shared_env,
+)
 from mcpcore.errors import InvalidArgument
 
 
@@ -228,30 +239,110 @@ def test_mcp_etcd_endpoints_is_read_by_every_service_below_its_own_variable() ->
     ):  # fmt: skip
         extra = {"MCP_WORKER_WORKER_ID": "w-1"} if cls is WorkerConfig else {}
         cfg = load_config(cls, env={**shared, **extra}, env_prefix=prefix)
-        assert cfg.etcd_endpoints == ("etcd-0.etcd:2379", "etcd-1.etcd:2379"), cls
+        assert cfg.etcd.endpoints == ("etcd-0.etcd:2379", "etcd-1.etcd:2379"), cls
         own = load_config(
             cls, env={**shared, **extra, f"{prefix}ETCD_ENDPOINTS": "own:2379"}, env_prefix=prefix
         )
-        assert own.etcd_endpoints == ("own:2379",), cls
+        assert own.etcd.endpoints == ("own:2379",), cls
         flag = load_config(
             cls, env={**shared, **extra}, env_prefix=prefix, overrides={"etcd_endpoints": "f:1"}
         )
-        assert flag.etcd_endpoints == ("f:1",), cls
+        assert flag.etcd.endpoints == ("f:1",), cls
 
 
 def test_a_bad_shared_variable_names_itself() -> None:
     @dataclass(frozen=True)
     class WithEtcd:
-        etcd_endpoints: tuple[int, ...] = ()
+        etcd_endpoints: tuple[int, ...] = field(default=(), metadata=shared_env("MCP_ETCD_ENDPOINTS"))
 
     with pytest.raises(InvalidArgument) as exc:
         load_config(WithEtcd, env={"MCP_ETCD_ENDPOINTS": "a:1"})
     assert message(exc) == "router config: MCP_ETCD_ENDPOINTS: not an integer: 'a:1'"
 
 
+@dataclass(frozen=True)
+class Serving:
+    host: str = "127.0.0.1"
+    port: int = 0
+
+
+@dataclass(frozen=True)
+class Store:
+    endpoints: tuple[str, ...] = field(default=("e:1",), metadata=shared_env("MCP_SHARED_EP", "MCP_OLD_EP"))
+    auth: BreakerSection = field(default_factory=BreakerSection)  # a plain section inside a flat one
+
+
+@dataclass(frozen=True)
+class FlatConfig:
+    name: str = ""
+    grpc: Serving = field(default_factory=lambda: Serving(port=8001), metadata=flat("grpc_"))
+    store: Store = field(default_factory=Store, metadata=flat("store_"))
+
+
+def test_a_flat_section_keeps_flat_names_in_every_source(tmp_path: Path) -> None:
+    assert load_config(FlatConfig).grpc == Serving(port=8001)  # the config's own default instance
+    yaml_path = write(tmp_path, "grpc_port: 9\nstore_auth: {cool_down_s: 5}\n")
+    cfg = load_config(FlatConfig, yaml_path=yaml_path)
+    assert (cfg.grpc, cfg.store.auth.cool_down_s) == (Serving(port=9), 5.0)
+    env = {"MCP_ROUTER_GRPC_HOST": "h", "MCP_ROUTER_STORE_AUTH__COOL_DOWN_S": "1m"}
+    cfg = load_config(FlatConfig, yaml_path=yaml_path, env=env)
+    assert (cfg.grpc, cfg.store.auth.cool_down_s) == (Serving("h", 9), 60.0)
+    ns = parser_for(FlatConfig).parse_args(["--grpc-port", "7", "--store-auth.cool-down-s", "2"])
+    cfg = load_config(FlatConfig, yaml_path=yaml_path, env=env, overrides=overrides_from_args(ns))
+    assert (cfg.grpc, cfg.store.auth.cool_down_s) == (Serving("h", 7), 2.0)
+    assert env_names(FlatConfig, "MCP_ROUTER_") == {
+        "MCP_ROUTER_NAME", "MCP_ROUTER_GRPC_HOST", "MCP_ROUTER_GRPC_PORT", "MCP_ROUTER_STORE_ENDPOINTS",
+        "MCP_ROUTER_STORE_AUTH__COOL_DOWN_S", "MCP_ROUTER_STORE_AUTH__METRICS_WINDOW_S", "MCP_SHARED_EP",
+        "MCP_OLD_EP",
+    }  # fmt: skip
+
+
+def test_a_flat_section_has_no_nested_name(tmp_path: Path, caplog) -> None:
+    with pytest.raises(InvalidArgument) as exc:
+        load_config(FlatConfig, yaml_path=write(tmp_path, "grpc: {port: 1}\n"))
+    assert (
+        message(exc)
+        == f"router config: {tmp_path / 'svc.yaml'}: grpc: unknown key (did you mean 'grpc_port'?)"
+    )
+    with caplog.at_level("WARNING", logger="mcpcore.config"):
+        assert load_config(FlatConfig, env={"MCP_ROUTER_GRPC__PORT": "1"}).grpc.port == 8001
+    assert "MCP_ROUTER_GRPC__PORT" in caplog.text
+
+
+def test_two_fields_with_one_name_are_a_bug() -> None:
+    @dataclass(frozen=True)
+    class Clash:
+        grpc_port: int = 0
+        grpc: Serving = field(default_factory=Serving, metadata=flat("grpc_"))
+
+    with pytest.raises(TypeError, match="two fields are named 'grpc_port'"):
+        load_config(Clash)
+
+
+def test_describe_names_each_setting_as_operators_do() -> None:
+    by_name = {setting.name: setting for setting in describe(FlatConfig, "MCP_ROUTER_")}
+    endpoints = by_name["store_endpoints"]
+    assert endpoints.flag == "--store-endpoints" and endpoints.default == ("e:1",)
+    assert endpoints.env == ("MCP_ROUTER_STORE_ENDPOINTS", "MCP_SHARED_EP", "MCP_OLD_EP")
+    assert (endpoints.owner, endpoints.field) == (Store, "endpoints")
+    assert by_name["grpc_port"].default == 8001  # the config's default instance, not the section's
+    assert by_name["store_auth.cool_down_s"].flag == "--store-auth.cool-down-s"
+    assert describe(NeedsName, "MCP_WORKER_")[0].default is dataclasses.MISSING
+
+
+def test_shared_variables_first_name_wins_below_the_prefixed_one() -> None:
+    def endpoints(**env: str) -> tuple[str, ...]:
+        return load_config(FlatConfig, env=env).store.endpoints
+
+    assert endpoints() == ("e:1",)
+    assert endpoints(MCP_OLD_EP="o:1") == ("o:1",)
+    assert endpoints(MCP_OLD_EP="o:1", MCP_SHARED_EP="s:1") == ("s:1",)
+    assert endpoints(MCP_OLD_EP="o:1", MCP_SHARED_EP="s:1", MCP_ROUTER_STORE_ENDPOINTS="p:1") == ("p:1",)
+
+
 def test_env_vars_of_other_services_are_ignored() -> None:
     cfg = load_config(DemoConfig, env={"MCP_WORKER_WHATEVER": "1", "MCP_ETCD_ENDPOINTS": "x"})
-    assert cfg == DemoConfig()  # it has no etcd_endpoints field: the shared variable sets nothing
+    assert cfg == DemoConfig()  # no field of it names the shared variable: it sets nothing
 
 
 def test_bad_env_type_names_the_var() -> None:
@@ -364,13 +455,20 @@ def test_flags_override_and_only_given_ones_count() -> None:
     )
 
 
-def test_no_bool_flag_and_no_section_flags() -> None:
+def test_no_bool_flag_and_section_flags() -> None:
     parser = parser_for(DemoConfig)
     assert overrides_from_args(parser.parse_args(["--no-debug"])) == {"debug": False}
     assert overrides_from_args(parser.parse_args([])) == {}
+    given = overrides_from_args(
+        parser.parse_args(["--etcd.timeout-s", "250ms", "--breaker.cool-down-s", "1"])
+    )
+    assert given == {"etcd.timeout_s": "250ms", "breaker.cool_down_s": "1"}
+    cfg = load_config(DemoConfig, overrides=given)
+    assert (cfg.etcd.timeout_s, cfg.breaker.cool_down_s, cfg.breaker.metrics_window_s) == (0.25, 1.0, 30.0)
     with pytest.raises(SystemExit):
-        parser.parse_args(["--etcd", "x"])
+        parser.parse_args(["--etcd", "x"])  # a section is no setting
     assert "MCP_ROUTER_GRPC_PORT" in parser.format_help()
+    assert "MCP_ROUTER_BREAKER__COOL_DOWN_S" in parser.format_help()
 
 
 def test_bad_flag_value_names_the_flag() -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from mcp_worker.config import WorkerConfig
 from mcpcore import helper_threads, runner
+from mcpcore.tuning import Tuning
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
 PR_SET_NAME = 15
@@ -51,10 +52,20 @@ def test_no_proc_tree_changes_nothing(tmp_path):
 
 
 def test_the_setting_comes_from_the_environment(monkeypatch):
+    """``MCP_BATCH_HELPER_THREADS`` (the tuning section's ``batch_helper_threads``; its default follows the
+    cores: tests/unit/test_tuning.py)."""
     args = ["--worker-id", "w-x"]
+
+    def batched() -> bool:
+        return runner.parse_args("mcp-worker", WorkerConfig, "MCP_WORKER_", args)[
+            1
+        ].tuning.batch_helper_threads
+
     monkeypatch.delenv("MCP_BATCH_HELPER_THREADS", raising=False)
-    assert runner.parse_args("mcp-worker", WorkerConfig, "MCP_WORKER_", args)[1].batch_helper_threads
+    assert batched() == Tuning.for_this_process().batch_helper_threads
     monkeypatch.setenv("MCP_BATCH_HELPER_THREADS", "0")
-    assert not runner.parse_args("mcp-worker", WorkerConfig, "MCP_WORKER_", args)[1].batch_helper_threads
+    assert not batched()
+    monkeypatch.setenv("MCP_BATCH_HELPER_THREADS", "1")
+    assert batched()
     monkeypatch.setenv("MCP_BATCH_HELPER_THREADS", "maybe")
     assert runner.main("mcp-worker", WorkerConfig, "MCP_WORKER_", lambda c: None, args) == 2  # type: ignore[arg-type,return-value]

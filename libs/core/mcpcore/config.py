@@ -1,7 +1,9 @@
 """Loading a service's frozen config dataclass from defaults, a YAML file, the environment and CLI flags.
 
-Each service defines one frozen dataclass (its ``config.py``) and builds it once in ``__main__`` with
-``load_config``; nothing here reads ``os.environ`` or ``sys.argv`` by itself, and nothing is cached.
+Each service defines one frozen dataclass (its ``config.py``), nesting the sections every service shares
+(``mcpcore.settings``), and builds it once in ``__main__`` with ``load_config``. Nothing here reads
+``os.environ`` or ``sys.argv`` by itself, and nothing is cached; ``environment()`` is the one place product
+code reads the process's environment (the runner hands it to ``load_config``).
 
 Invariants:
 - Precedence is defaults < YAML < env < flags, field by field. Every value from every source is checked,
@@ -10,11 +12,19 @@ Invariants:
   unknown YAML keys and flags are errors that suggest the closest field. Unknown env vars under the prefix
   are ignored with one warning that names them (with the closest field): Kubernetes injects
   ``MCP_ROUTER_PORT`` and the like for a Service named ``mcp-router``, and a service must still start.
-- ``SHARED_ENV`` names variables every service reads below its own prefix's: ``MCP_ETCD_ENDPOINTS`` sets
-  ``etcd_endpoints`` wherever the config has that field (``MCP_ROUTER_ETCD_ENDPOINTS`` still wins).
+- A field with ``metadata=shared_env(NAME, ...)`` is also read from those variables, below the service's own
+  prefixed one: ``MCP_ETCD_ENDPOINTS`` sets every service's etcd endpoints (``MCP_ROUTER_ETCD_ENDPOINTS``
+  still wins); of several names, the first one set wins. Set empty, such a variable counts as unset (as
+  OpenTelemetry's do): ``MCP_LOG_FORMAT=`` means the default.
+- A section field with ``metadata=flat("etcd_")`` keeps flat names: its fields are named
+  ``etcd_<field>`` in YAML, env and flags (``etcd_endpoints``, ``MCP_ROUTER_ETCD_ENDPOINTS``,
+  ``--etcd-endpoints``) while the dataclass nests them (``config.etcd.endpoints``). Two fields that would
+  get one name are a bug (``TypeError``).
 - Field types: ``str``, ``int``, ``float``, ``bool``, ``tuple[X, ...]`` of those (comma separated in text),
-  ``X | None``, and nested frozen dataclasses (YAML mappings; env ``PREFIX_SECTION__FIELD``). A ``float``
-  field whose name ends in ``_s`` is a duration in seconds and also takes ``"250ms"``, ``"30s"``, ``"5m"``.
+  ``X | None``, and nested frozen dataclasses (YAML mappings; env ``PREFIX_SECTION__FIELD``; flags
+  ``--section.field``). A ``float`` field whose name ends in ``_s`` is a duration in seconds and also takes
+  ``"250ms"``, ``"30s"``, ``"5m"``. Values are read by ``mcpcore.config_values`` (``parse_bool`` and
+  ``parse_duration`` are also this module's, the syntax of its settings).
 - The dataclass's ``__post_init__`` may raise ``ValueError`` for cross-field rules; it becomes an
   ``InvalidArgument`` with the config's name.
 
@@ -22,14 +32,14 @@ Example::
 
     @dataclass(frozen=True)
     class RouterConfig:
-        grpc_port: int = 8001
-        etcd: EtcdConfig = field(default_factory=EtcdConfig)
+        router_id: str = ""
+        etcd: EtcdSettings = field(default_factory=EtcdSettings, metadata=flat("etcd_"))
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--config")
     add_flags(parser, RouterConfig, env_prefix="MCP_ROUTER_")
     ns = parser.parse_args()
-    cfg = load_config(RouterConfig, yaml_path=ns.config, env=os.environ, env_prefix="MCP_ROUTER_",
+    cfg = load_config(RouterConfig, yaml_path=ns.config, env=environment(), env_prefix="MCP_ROUTER_",
                       overrides=overrides_from_args(ns))
 """
 
@@ -39,75 +49,61 @@ import argparse
 import dataclasses
 import difflib
 import logging
-import math
 import os
-import re
 import socket
 import types
 import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import yaml
 
+from mcpcore.config_values import coerce, parse_bool, parse_duration
 from mcpcore.errors import InvalidArgument
 from mcpcore.keys import check_name
 
-__all__ = ["SHARED_ENV", "add_flags", "load_config", "overrides_from_args", "parse_bool", "parse_duration"]
+__all__ = [
+    "Setting",
+    "add_flags",
+    "describe",
+    "env_names",
+    "environment",
+    "flat",
+    "load_config",
+    "overrides_from_args",
+    "parse_bool",
+    "parse_duration",
+    "shared_env",
+]
 
 log = logging.getLogger(__name__)
-
-#: Variables every service reads, below its own ``MCP_<SERVICE>_...`` ones: name -> field path.
-SHARED_ENV: dict[str, tuple[str, ...]] = {"MCP_ETCD_ENDPOINTS": ("etcd_endpoints",)}
 
 T = TypeVar("T")
 Path_ = tuple[str, ...]
 
-_TRUE = frozenset({"true", "1", "yes"})
-_FALSE = frozenset({"false", "0", "no"})
-_UNIT_S = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(us|µs|ms|s|m|h)")
-_DURATION = re.compile(rf"(?:{_DURATION_PART.pattern})+")
 _FLAG_DEST = "mcpcfg:"  # argparse dest prefix that marks our flags among a parser's other options
 _SCALARS = (str, int, float, bool)
+#: Field metadata keys: ``flat``'s prefix, ``shared_env``'s names.
+_FLAT, _ENV = "mcpcfg.flat", "mcpcfg.env"
 
 
-def parse_duration(value: str | float) -> float:
-    """Seconds from ``"250ms"``, ``"30s"``, ``"1.5s"``, ``"5m"``, ``"1h30m"``, or a plain number of seconds.
-
-    Raises ``InvalidArgument`` for anything else, including negative or non-finite values.
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise InvalidArgument(f"not a duration: {value!r}")
-    if isinstance(value, str):
-        text = value.strip()
-        try:
-            seconds = float(text)  # a plain number means seconds
-        except ValueError:
-            if not _DURATION.fullmatch(text):
-                raise InvalidArgument(
-                    f"not a duration: {value!r} (use e.g. '250ms', '30s', '5m', '1h30m')"
-                ) from None
-            seconds = sum(float(n) * _UNIT_S[u] for n, u in _DURATION_PART.findall(text))
-    else:
-        seconds = float(value)
-    if not math.isfinite(seconds) or seconds < 0:
-        raise InvalidArgument(f"a duration must be finite and >= 0, got {value!r}")
-    return seconds
+def environment() -> Mapping[str, str]:
+    """The process's environment, for ``load_config(env=...)``: product code reads it nowhere else."""
+    return os.environ
 
 
-def parse_bool(value: str | bool) -> bool:
-    """``True``/``False`` from a bool or from true/false, 1/0, yes/no (any case)."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        low = value.strip().lower()
-        if low in _TRUE:
-            return True
-        if low in _FALSE:
-            return False
-    raise InvalidArgument(f"not a boolean (true/false, 1/0, yes/no): {value!r}")
+def flat(prefix: str) -> dict[str, str]:
+    """Field metadata for a nested section whose fields keep flat names, ``prefix + name``, in YAML, env and
+    flags: ``etcd: EtcdSettings = field(default_factory=EtcdSettings, metadata=flat("etcd_"))``."""
+    return {_FLAT: prefix}
+
+
+def shared_env(*names: str) -> dict[str, tuple[str, ...]]:
+    """Field metadata for a field also read from the environment variables ``names`` (the first one set
+    wins), below the service's own ``PREFIX_FIELD``: names every service shares (``MCP_ETCD_ENDPOINTS``)
+    or standard ones (``OTEL_EXPORTER_OTLP_ENDPOINT``)."""
+    return {_ENV: names}
 
 
 # --- the field tree ------------------------------------------------------------------------------------
@@ -134,17 +130,78 @@ def _supported(tp: Any) -> bool:
     return tp in _SCALARS
 
 
-def _leaves(cls: type, base: Path_ = ()) -> dict[Path_, Any]:
-    """Every scalar field's path to its type, nested sections flattened."""
-    out: dict[Path_, Any] = {}
-    for name, (_, tp) in _fields(cls).items():
-        if _is_section(tp):
-            out.update(_leaves(tp, (*base, name)))
-        elif _supported(tp):
-            out[(*base, name)] = tp
-        else:
-            raise TypeError(f"{cls.__name__}.{name}: unsupported config field type {tp!r}")
+class _Name(NamedTuple):
+    attr: Path_  # the path among the attributes, from the class asked about
+    tp: Any
+    field: dataclasses.Field[Any]
+    owner: type  # the dataclass that declares the field
+
+
+def _names(cls: type) -> dict[str, _Name]:
+    """The names ``cls``'s fields go by in YAML, env and flags (flat sections' fields pulled up, with their
+    prefix)."""
+    out: dict[str, _Name] = {}
+    for name, (f, tp) in _fields(cls).items():
+        flat = f.metadata.get(_FLAT)
+        inner = _names(tp) if flat is not None and _is_section(tp) else {"": _Name((), tp, f, cls)}
+        for sub, found in inner.items():
+            key = flat + sub if sub else name
+            if key in out:
+                raise TypeError(f"{cls.__name__}: two fields are named {key!r} (a flat section's prefix?)")
+            out[key] = found._replace(attr=(name, *found.attr))
     return out
+
+
+class _Leaf(NamedTuple):
+    attr: Path_  # where the value goes among the dataclasses' attributes
+    tp: Any
+    env: tuple[str, ...]  # shared_env's names
+    name: _Name
+
+
+def _leaves(cls: type, base: Path_ = (), attr_base: Path_ = ()) -> dict[Path_, _Leaf]:
+    """Every scalar field by its path of names (the YAML keys; flat sections flattened)."""
+    out: dict[Path_, _Leaf] = {}
+    for key, found in _names(cls).items():
+        attr = (*attr_base, *found.attr)
+        if _is_section(found.tp):
+            out.update(_leaves(found.tp, (*base, key), attr))
+        elif _supported(found.tp):
+            out[(*base, key)] = _Leaf(attr, found.tp, tuple(found.field.metadata.get(_ENV, ())), found)
+        else:
+            raise TypeError(f"{cls.__name__}.{key}: unsupported config field type {found.tp!r}")
+    return out
+
+
+class Setting(NamedTuple):
+    """One setting as operators name it (``describe``)."""
+
+    name: str  # the dotted YAML path: ``etcd_endpoints``, ``tls.ca_file``, ``tuning.gc_freeze``
+    flag: str
+    env: tuple[str, ...]  # the service's own variable, then the shared ones (first set wins)
+    default: Any  # dataclasses.MISSING: required
+    owner: type  # the dataclass that declares it (its ``#:`` comment is the setting's help)
+    field: str  # its field name there
+
+
+def describe(cls: type, env_prefix: str) -> list[Setting]:
+    """Every setting of ``cls`` with the names it goes by (for reference pages and help)."""
+    return [
+        Setting(
+            ".".join(path),
+            _flag_name(path),
+            (_env_name(env_prefix, path), *leaf.env),
+            _leaf_default(cls, leaf.attr),
+            leaf.name.owner,
+            leaf.name.field.name,
+        )
+        for path, leaf in _leaves(cls).items()
+    ]
+
+
+def env_names(cls: type, env_prefix: str) -> set[str]:
+    """Every environment variable ``load_config(cls, env_prefix=...)`` reads."""
+    return {name for setting in describe(cls, env_prefix) for name in setting.env}
 
 
 def _env_name(prefix: str, path: Path_) -> str:
@@ -158,63 +215,6 @@ def _flag_name(path: Path_) -> str:
 def _suggest(word: str, choices: Iterable[str]) -> str:
     close = difflib.get_close_matches(word, list(choices), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-# --- coercion --------------------------------------------------------------------------------------------
-
-
-def _coerce(tp: Any, value: Any, name: str) -> Any:
-    """``value`` (text from env/flags, or a YAML/Python value) as ``tp``; ``ValueError`` says why not."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None or value == "":
-            return None
-        return _coerce(next(a for a in args if a is not type(None)), value, name)
-    if origin is tuple:
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if not isinstance(value, (list, tuple)):
-            raise ValueError(f"expected a list or a comma separated string, got {value!r}")
-        return tuple(_coerce(args[0], v, name) for v in value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ValueError(f"expected a string, got {value!r}")
-        return value
-    if tp is bool:
-        try:
-            return parse_bool(value)
-        except InvalidArgument as err:
-            raise ValueError(err.message) from None
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str):
-            try:
-                return int(value.strip(), 10)
-            except ValueError:
-                pass
-        raise ValueError(f"not an integer: {value!r}")
-    return _coerce_float(value, duration=name.endswith("_s"))  # _leaves admits no other type
-
-
-def _coerce_float(value: Any, *, duration: bool) -> float:
-    if duration:
-        try:
-            return parse_duration(value)
-        except InvalidArgument as err:
-            raise ValueError(err.message) from None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        number = float(value)
-    elif isinstance(value, str):
-        try:
-            number = float(value.strip())
-        except ValueError:
-            raise ValueError(f"not a number: {value!r}") from None
-    else:
-        raise ValueError(f"not a number: {value!r}")
-    if not math.isfinite(number):
-        raise ValueError(f"not a finite number: {value!r}")
-    return number
 
 
 # --- the sources -----------------------------------------------------------------------------------------
@@ -238,21 +238,30 @@ def _walk_yaml(cls: type, path: Path, data: Any, base: Path_, out: Raw) -> None:
     if not isinstance(data, Mapping):
         where = ".".join(base) or "top level"
         raise InvalidArgument(f"{path}: {where}: expected a mapping, got {type(data).__name__}")
-    fields = _fields(cls)
+    names = _names(cls)
     for key, value in data.items():
         dotted = ".".join((*base, str(key)))
-        if key not in fields:
-            raise InvalidArgument(f"{path}: {dotted}: unknown key{_suggest(str(key), fields)}")
-        tp = fields[key][1]
+        if key not in names:
+            raise InvalidArgument(f"{path}: {dotted}: unknown key{_suggest(str(key), names)}")
+        tp = names[key].tp
         if _is_section(tp):
             _walk_yaml(tp, path, value if value is not None else {}, (*base, key), out)
         else:
             out[(*base, key)] = (value, f"{path}: {dotted}")
 
 
-def _read_shared_env(cls: type, env: Mapping[str, str]) -> Raw:
+def _read_shared_env(cls: type, env: Mapping[str, str]) -> list[Raw]:
+    """One layer per position in ``shared_env``'s names, the last first, so the first name set wins."""
     leaves = _leaves(cls)
-    return {path: (env[name], name) for name, path in SHARED_ENV.items() if name in env and path in leaves}
+    depth = max((len(leaf.env) for leaf in leaves.values()), default=0)
+    return [
+        {
+            p: (env[leaf.env[i]], leaf.env[i])
+            for p, leaf in leaves.items()
+            if i < len(leaf.env) and env.get(leaf.env[i], "").strip()
+        }
+        for i in reversed(range(depth))
+    ]
 
 
 def _read_env(cls: type, env: Mapping[str, str], prefix: str, label: str) -> Raw:
@@ -285,24 +294,23 @@ def _read_overrides(cls: type, overrides: Mapping[str, Any]) -> Raw:
     return out
 
 
-def _build(cls: type[T], base: Path_, values: Mapping[Path_, Any], env_prefix: str, start: Any = None) -> T:
-    """``cls`` from ``values``; fields not set come from ``start`` (the parent's default section) if given,
-    else from the field defaults."""
+def _build(
+    cls: type[T], base: Path_, values: Mapping[Path_, Any], required: Mapping[Path_, str], start: Any = None
+) -> T:
+    """``cls`` from ``values`` (by attribute path); fields not set come from ``start`` (the parent's default
+    section) if given, else from the field defaults. ``required``: attribute path -> what to say if unset."""
     kwargs: dict[str, Any] = {}
     for name, (f, tp) in _fields(cls).items():
         path = (*base, name)
         if _is_section(tp):
             sub = getattr(start, name) if start is not None else _default(f)
-            kwargs[name] = _build(tp, path, values, env_prefix, sub)
+            kwargs[name] = _build(tp, path, values, required, sub)
         elif path in values:
             kwargs[name] = values[path]
         elif start is not None:
             kwargs[name] = getattr(start, name)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise InvalidArgument(
-                f"{'.'.join(path)}: required; set it in YAML, {_env_name(env_prefix, path)}"
-                + (f" or {_flag_name(path)}" if len(path) == 1 else "")
-            )
+            raise InvalidArgument(required[path])
     try:
         return cls(**kwargs)
     except ValueError as err:  # __post_init__'s cross-field rules
@@ -329,7 +337,7 @@ def load_config(
     """Build ``cls`` from its defaults, then ``yaml_path``, then ``env`` (vars under ``env_prefix``),
     then ``overrides`` (field name, or dotted path for nested fields, to value: see ``overrides_from_args``).
 
-    ``env`` is read only when passed (``env=os.environ`` in ``__main__``), the ``SHARED_ENV`` variables
+    ``env`` is read only when passed (``env=environment()`` in ``__main__``), the ``shared_env`` variables
     first, then those under the prefix. ``name`` (default: taken from the
     prefix, ``MCP_ROUTER_`` gives ``router``) starts every error message: ``router config: ...``.
     """
@@ -340,18 +348,23 @@ def load_config(
         if yaml_path is not None:
             layers.append(_read_yaml(cls, Path(yaml_path)))
         if env is not None:
-            layers.append(_read_shared_env(cls, env))
+            layers.extend(_read_shared_env(cls, env))
             layers.append(_read_env(cls, env, env_prefix, label))
         if overrides is not None:
             layers.append(_read_overrides(cls, overrides))
         values: dict[Path_, Any] = {}
         for layer in layers:
             for path, (value, where) in layer.items():
+                leaf = leaves[path]
                 try:
-                    values[path] = _coerce(leaves[path], value, path[-1])
+                    values[leaf.attr] = coerce(leaf.tp, value, path[-1])
                 except ValueError as err:
                     raise InvalidArgument(f"{where}: {err}") from None
-        return _build(cls, (), values, env_prefix)
+        sources = {p: f"{_env_name(env_prefix, p)} or {_flag_name(p)}" for p in leaves}
+        required = {
+            leaf.attr: f"{'.'.join(p)}: required; set it in YAML, {sources[p]}" for p, leaf in leaves.items()
+        }
+        return _build(cls, (), values, required)
     except InvalidArgument as err:
         raise InvalidArgument(f"{label} config: {err.message}") from None
 
@@ -359,26 +372,37 @@ def load_config(
 # --- flags -------------------------------------------------------------------------------------------------
 
 
+def _leaf_default(cls: type, attr: Path_) -> Any:
+    """The default of the field at ``attr``, or ``dataclasses.MISSING`` (a required field)."""
+    f = _fields(cls)[attr[0]][0]
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+        return dataclasses.MISSING
+    value = _default(f)
+    for name in attr[1:]:
+        value = getattr(value, name)
+    return value
+
+
 def add_flags(parser: argparse.ArgumentParser, cls: type, *, env_prefix: str | None = None) -> None:
-    """Add ``--field-name`` for each top-level scalar field of ``cls`` (booleans also get ``--no-...``).
+    """Add ``--field-name`` for each scalar field of ``cls``, ``--section.field-name`` for those of nested
+    sections (booleans also get ``--no-...``).
 
     Flags default to "not given", so only flags on the command line override YAML and env; read them back
-    with ``overrides_from_args``. With ``env_prefix`` the help names each field's env var too.
+    with ``overrides_from_args``. With ``env_prefix`` the help names each field's env vars too.
     """
-    for name, (f, tp) in _fields(cls).items():
-        if _is_section(tp):
-            continue
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        help_ = "required" if required else f"default: {_default(f)!r}"
+    for path, leaf in _leaves(cls).items():
+        default = _leaf_default(cls, leaf.attr)
+        help_ = "required" if default is dataclasses.MISSING else f"default: {default!r}"
         if env_prefix:
-            help_ += f"; env {_env_name(env_prefix, (name,))}"
-        flag, dest = _flag_name((name,)), _FLAG_DEST + name
-        if tp is bool:
+            help_ += f"; env {', '.join([_env_name(env_prefix, path), *leaf.env])}"
+        flag, dest = _flag_name(path), _FLAG_DEST + ".".join(path)
+        if leaf.tp is bool:
             parser.add_argument(
                 flag, dest=dest, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_
             )
         else:
-            parser.add_argument(flag, dest=dest, default=argparse.SUPPRESS, metavar=name.upper(), help=help_)
+            metavar = path[-1].upper()
+            parser.add_argument(flag, dest=dest, default=argparse.SUPPRESS, metavar=metavar, help=help_)
 
 
 def overrides_from_args(ns: argparse.Namespace) -> dict[str, Any]:

@@ -1,15 +1,9 @@
 """Native libraries' helper threads run under ``SCHED_BATCH`` (Linux), so waking one does not preempt the
 event loop that woke it.
 
-Why: each request crosses grpc++'s callback threads and libzmq's I/O threads. Under the default policy a
-thread woken from sleep usually preempts the thread that woke it, the event loop, which then waits for a
-CPU with its next request ready, while the other core may be idle. Measured at c=64 on the 2-core bench
-host: one vCPU idle 13.5% of the time while the router's loop waited 295 ms a second for a CPU (per-thread
-``schedstat``). A ``SCHED_BATCH`` thread never preempts on wake-up: it runs on an idle CPU at once, or
-when the waker's slice ends. Alternating the policy on a running mesh (11 rounds of 6 s): +8-10% req/s
-on average, the batch side ahead in 8 of 11; alternating mesh starts with the setting off and on (4 rounds,
-2 runs of 6 s each): +14% req/s, ahead in every round, CPU a request normalised by the load generator's
--2%.
+A ``SCHED_BATCH`` thread never preempts on wake-up: it runs on an idle CPU at once, or when the waker's
+slice ends; why and what it measured: docs/design/helper-threads-sched-batch.md. Whether a process batches
+them is a tuning knob whose default follows its cores (``mcpcore.tuning``).
 
 The helpers are found by name (``HELPERS``: grpc++'s callback-queue threads, grpc core's executor threads,
 libzmq's I/O and reaper threads): the process's own Python threads and the libraries' compute pools keep

@@ -1,12 +1,12 @@
 """OpenTelemetry tracing of the request path: on only when an OTLP endpoint is configured.
 
 - ``setup`` (``mcpcore.runner``, once per process, before the service object is made): given an OTLP
-  endpoint (``--otlp-endpoint``, else ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, else
-  ``OTEL_EXPORTER_OTLP_ENDPOINT``: ``endpoint``), installs a TracerProvider with resource
-  ``service.name`` (``mcp-router``, ``mcp-worker``, ...), parent-based sampling at the ratio
-  ``OTEL_TRACES_SAMPLER_ARG`` (default 1.0) for new traces, and a BatchSpanProcessor that sends OTLP over
-  gRPC (the SDK's own ``OTEL_BSP_*`` and ``OTEL_EXPORTER_OTLP_*`` settings apply). Without an endpoint it
-  installs nothing. ``shutdown`` exports what is still buffered, waiting a bounded time (process stop).
+  endpoint and a sample ratio (the process's options, ``mcpcore.settings.ProcessOptions``: flags, or the
+  standard ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`` and ``OTEL_TRACES_SAMPLER_ARG``), installs a
+  TracerProvider with resource ``service.name`` (``mcp-router``, ``mcp-worker``, ...), parent-based
+  sampling at that ratio for new traces, and a BatchSpanProcessor that sends OTLP over gRPC (the SDK reads
+  its own ``OTEL_BSP_*`` and ``OTEL_EXPORTER_OTLP_*`` settings). Without an endpoint it installs nothing.
+  ``shutdown`` exports what is still buffered, waiting a bounded time (process stop).
 - ``tracer(name)``: a tracer, or None while tracing is off. Services resolve it once, when they make
   their objects, and the request path tests that attribute: with tracing off it makes no span object,
   reads no metadata and parses no header.
@@ -20,7 +20,7 @@
   measured on the executor thread), so nothing but the event loop touches a span.
 
 Invariants: the process's tracing state is set here once (``setup``) and read everywhere else; nothing
-here reads the environment at import; a request whose parent was not sampled costs the worker no span.
+here reads the environment; a request whose parent was not sampled costs the worker no span.
 """
 
 from __future__ import annotations
@@ -34,20 +34,16 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from mcpcore.errors import InvalidArgument
-
 __all__ = [
     "HEADERS",
     "attach",
     "detach",
     "enabled",
     "end",
-    "endpoint",
     "extract_headers",
     "extract_metadata",
     "from_traceparent",
     "record",
-    "sample_ratio",
     "sampled_parent",
     "setup",
     "shutdown",
@@ -72,44 +68,19 @@ class _State:
 _state = _State()
 
 
-def endpoint(option: str, env: Mapping[str, str]) -> str:
-    """The OTLP endpoint: the command-line option, else the standard environment variables; "" none.
-    A bare ``host:port`` is taken as ``http://host:port`` (plaintext, as a collector next to the
-    process is); give ``https://...`` for TLS."""
-    value = (
-        option
-        or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
-        or env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
-    ).strip()
-    if value and "://" not in value:
-        value = "http://" + value
-    return value
-
-
-def sample_ratio(env: Mapping[str, str]) -> float:
-    """The share of new traces sampled (``OTEL_TRACES_SAMPLER_ARG``, 0..1, default 1.0)."""
-    raw = env.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
-    if not raw:
-        return 1.0
-    try:
-        ratio = float(raw)
-    except ValueError:
-        ratio = -1.0
-    if not 0.0 <= ratio <= 1.0:
-        raise InvalidArgument(
-            f"OTEL_TRACES_SAMPLER_ARG is {raw!r}: give the share of traces to sample, 0 to 1 (1: all)"
-        )
-    return ratio
-
-
 def setup(
-    service: str, otlp_endpoint: str, *, env: Mapping[str, str], attributes: Mapping[str, str] | None = None
+    service: str,
+    otlp_endpoint: str,
+    *,
+    sample_ratio: float = 1.0,
+    attributes: Mapping[str, str] | None = None,
 ) -> bool:
     """Trace this process when ``otlp_endpoint`` is set (see the module's docstring); returns whether
-    tracing is on. ``attributes``: more resource attributes (the process's identity)."""
+    tracing is on. ``sample_ratio``: the share of new traces sampled (0..1, checked by the config);
+    ``attributes``: more resource attributes (the process's identity)."""
     if not otlp_endpoint:
         return False
-    ratio = sample_ratio(env)  # checked before anything is installed
+    ratio = sample_ratio
     # the SDK and the exporter (grpc) are imported only by a process that traces
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter  # noqa: PLC0415
     from opentelemetry.sdk.resources import Resource  # noqa: PLC0415

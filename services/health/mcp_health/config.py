@@ -1,14 +1,16 @@
 """The health service's configuration: one frozen dataclass, built once in ``__main__`` (flags > env > YAML).
 
 Env vars are ``MCP_HEALTH_<FIELD>``; ports follow DESIGN.md section 13 (gRPC 50053, metrics 9103).
+The sections every service shares (gRPC and metrics serving, advertise, etcd, TLS, the process's options
+and tuning) are ``mcpcore.settings``' and keep their flat names: ``grpc_port``, ``etcd_endpoints``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mcpcore.config import instance_id
-from mcpcore.etcd_store import EtcdAuth
+from mcpcore.config import flat, instance_id
+from mcpcore.settings import Advertise, EtcdSettings, GrpcServing, MetricsServing, ProcessOptions
 from mcpcore.tls import TLSConfig
 
 __all__ = ["HealthConfig"]
@@ -16,21 +18,17 @@ __all__ = ["HealthConfig"]
 
 @dataclass(frozen=True)
 class HealthConfig:
+    #: This instance's id in leader election (several may run; one leads); empty: host name and pid.
     health_id: str = ""
-    grpc_host: str = "127.0.0.1"
-    grpc_port: int = 50053
-    #: The host others reach this service at (a pod IP, a DNS name), published in place of the bound one;
-    #: empty: the bound host, or this machine's host name when it binds a wildcard (``0.0.0.0``).
-    advertise_host: str = ""
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int = 9103
-    etcd_endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
-    etcd_prefix: str = "/mcp"
-    etcd_timeout_s: float = 5.0
-    #: TLS to etcd and etcd's user/password auth (env MCP_HEALTH_ETCD_AUTH__USER, ...; README "Securing").
-    etcd_auth: EtcdAuth = field(default_factory=EtcdAuth)
+    grpc: GrpcServing = field(default_factory=lambda: GrpcServing(port=50053), metadata=flat("grpc_"))
+    advertise: Advertise = field(default_factory=Advertise, metadata=flat("advertise_"))
+    metrics: MetricsServing = field(
+        default_factory=lambda: MetricsServing(port=9103), metadata=flat("metrics_")
+    )
+    etcd: EtcdSettings = field(default_factory=EtcdSettings, metadata=flat("etcd_"))
     #: TLS / mutual TLS: this service's gRPC server and its calls (env MCP_HEALTH_TLS__CA_FILE, ...).
     tls: TLSConfig = field(default_factory=TLSConfig)
+    #: The leader's lease TTL: a dead leader is replaced within about this long.
     leader_ttl_s: int = 5
     #: Periodic checks (report ages, error rates) run about this often, with +-20% jitter.
     check_interval_s: float = 0.5
@@ -42,6 +40,9 @@ class HealthConfig:
     alert_webhook: str = ""
     #: Calls to workers' control API (EmergencyStop).
     worker_timeout_s: float = 10.0
+
+    #: The process's own options: logging, tracing, tuning (``mcpcore.settings``, ``mcpcore.tuning``).
+    process: ProcessOptions = field(default_factory=ProcessOptions, metadata=flat(""))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "health_id", instance_id(self.health_id, "health_id"))

@@ -1,10 +1,11 @@
 """``python -m mcp_router [--config router.yaml] [--flags]``: run one router until SIGTERM/SIGINT.
 
-Configuration: defaults < ``--config`` YAML < ``MCP_ROUTER_*`` env < flags; ``--log-format`` and
-``--otlp-endpoint`` as every service (``mcpcore.runner``). ``--processes N`` (N > 1) runs N routers
-behind the same ports instead (``mcp_router.processes``): each gets the same flags, so the same log
-format and tracing; the supervisor logs in that format too and traces nothing. Once serving, one JSON
-line ``{"event": "ready", ...endpoints}`` goes to stdout (see ``mcpcore.runner``).
+Configuration: defaults < ``--config`` YAML < ``MCP_ROUTER_*`` env < flags; the process's options
+(``--log-format``, ``--otlp-endpoint``, ``--tuning.*``) as every service (``mcpcore.runner``).
+``--processes N`` (N > 1) runs N routers behind the same ports instead (``mcp_router.processes``): each
+gets the same flags, so the same log format, tracing and tuning; the supervisor logs in that format too
+and traces nothing. Once serving, one JSON line ``{"event": "ready", ...endpoints}`` goes to stdout (see
+``mcpcore.runner``).
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     if config.processes > 1:  # a supervisor of that many routers (mcp_router.processes)
         from mcp_router import processes  # noqa: PLC0415
 
-        runner.setup_logging(options.log_format, service=PROG)
+        runner.setup_logging(options, service=PROG)
         return processes.supervise(config, args)
-    return runner.run(PROG, config, options, RouterServer)
+    return runner.run(PROG, config, RouterServer)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,17 @@
 """The router's configuration: one frozen dataclass, built once in ``__main__`` (flags > env > YAML).
 
 Env vars are ``MCP_ROUTER_<FIELD>``; the default ports are DESIGN.md section 13's (gRPC 8001 and REST 8000
-like Triton, metrics 9101).
+like Triton, metrics 9101). The sections every service shares (gRPC and metrics serving, advertise, etcd,
+TLS, the process's options and tuning) are ``mcpcore.settings``' and keep their flat names: ``grpc_port``,
+``etcd_endpoints``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mcpcore.config import instance_id
-from mcpcore.etcd_store import EtcdAuth
+from mcpcore.config import flat, instance_id
+from mcpcore.settings import Advertise, EtcdSettings, GrpcServing, MetricsServing, ProcessOptions
 from mcpcore.tls import TLSConfig
 
 __all__ = ["GRPC_SERVERS", "RouterConfig"]
@@ -19,29 +21,24 @@ GRPC_SERVERS = ("native", "aio")
 
 @dataclass(frozen=True)
 class RouterConfig:
+    #: This router's id in the mesh (its etcd keys); empty: host name and pid.
     router_id: str = ""
-    grpc_host: str = "127.0.0.1"
-    grpc_port: int = 8001
-    #: The host others reach this service at (a pod IP, a DNS name), published in place of the bound one;
-    #: empty: the bound host, or this machine's host name when it binds a wildcard (``0.0.0.0``).
-    advertise_host: str = ""
+    grpc: GrpcServing = field(default_factory=lambda: GrpcServing(port=8001), metadata=flat("grpc_"))
+    advertise: Advertise = field(default_factory=Advertise, metadata=flat("advertise_"))
     #: KServe V2 over HTTP (Triton's REST API); port -1 turns it off.
     rest_host: str = "127.0.0.1"
     rest_port: int = 8000
     #: Largest REST request body (JSON and binary tensors), in bytes; larger ones are refused 413.
     rest_max_body_bytes: int = 64 << 20
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int = 9101
+    metrics: MetricsServing = field(
+        default_factory=lambda: MetricsServing(port=9101), metadata=flat("metrics_")
+    )
     #: Router processes on this host behind the same gRPC and REST ports (SO_REUSEPORT), sharing nothing
     #: but etcd: process i is router ``<router_id>-<i>`` with metrics on ``metrics_port + i``.
     processes: int = 1
     #: Bind the gRPC and REST ports with SO_REUSEPORT (what ``processes`` sets for each of its routers).
     reuse_port: bool = False
-    etcd_endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
-    etcd_prefix: str = "/mcp"
-    etcd_timeout_s: float = 5.0
-    #: TLS to etcd and etcd's user/password auth (env MCP_ROUTER_ETCD_AUTH__USER, ...; README "Securing").
-    etcd_auth: EtcdAuth = field(default_factory=EtcdAuth)
+    etcd: EtcdSettings = field(default_factory=EtcdSettings, metadata=flat("etcd_"))
     #: TLS / mutual TLS: this service's gRPC server and its calls (env MCP_ROUTER_TLS__CA_FILE, ...).
     tls: TLSConfig = field(default_factory=TLSConfig)
     #: This router's CURVE key pair (a zmq.auth ``.key_secret`` file) for links to CURVE workers; workers
@@ -64,8 +61,8 @@ class RouterConfig:
     #: router goes on (0: only at the next iteration).
     coalesce_flush_at: int = 8
     #: A request of 256 KiB of tensors or more to a worker on this host (its same-host endpoint, "shm" in
-    #: its record) lends it a region of this process's memory: one copy in, outputs read in place (16 MiB
-    #: up and back in ``make bench``: 43 → 34 ms). A worker that cannot take it gets frames.
+    #: its record) lends it a region of this process's memory: one copy in, outputs read in place
+    #: (docs/design/same-host-transport.md). A worker that cannot take it gets frames.
     shared_memory: bool = True
     #: Link health: ZMTP heartbeats to every worker; a worker silent for ``link_timeout_s`` (dead, frozen,
     #: cut off) is a link down: keep it below the workers' lease TTL.
@@ -95,6 +92,9 @@ class RouterConfig:
     #: or "aio" (grpc.aio, as every other service). The same methods either way; native costs less CPU
     #: per call and sends large replies without a copy.
     grpc_server: str = "native"
+
+    #: The process's own options: logging, tracing, tuning (``mcpcore.settings``, ``mcpcore.tuning``).
+    process: ProcessOptions = field(default_factory=ProcessOptions, metadata=flat(""))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "router_id", instance_id(self.router_id, "router_id"))

@@ -88,7 +88,7 @@ def supervise(config: RouterConfig, argv: list[str]) -> int:
     """Run ``config.processes`` routers (``argv``: the flags this process got, which each one gets too)."""
     n = config.processes
     held: list[socket.socket] = []
-    grpc_port, sock = _reserve(config.grpc_host, config.grpc_port)
+    grpc_port, sock = _reserve(config.grpc.host, config.grpc.port)
     held += [sock] if sock else []
     rest_port = config.rest_port
     if rest_port >= 0:
@@ -97,7 +97,7 @@ def supervise(config: RouterConfig, argv: list[str]) -> int:
     children = []
     for i in range(n):
         router_id = f"{config.router_id}-{i}"
-        metrics_port = config.metrics_port + i if config.metrics_port else 0
+        metrics_port = config.metrics.port + i if config.metrics.port else 0
         args = [
             sys.executable, "-m", "mcp_router", *argv, "--processes", "1", "--reuse-port",
             "--router-id", router_id, "--grpc-port", str(grpc_port), "--rest-port", str(rest_port),
@@ -117,7 +117,7 @@ def supervise(config: RouterConfig, argv: list[str]) -> int:
         if not stopping:  # their own graceful stop, then whatever outlives it is killed
             signal.signal(signal.SIGALRM, kill_rest)
             # a router's stop: its notice period, its drain, then its etcd calls (lease, stats)
-            budget = config.shutdown_delay_s + config.drain_timeout_s + 2 * config.etcd_timeout_s + 5
+            budget = config.shutdown_delay_s + config.drain_timeout_s + 2 * config.etcd.timeout_s + 5
             signal.alarm(int(budget))
         stopping.append(signum)
         for child in children:
@@ -142,7 +142,7 @@ def supervise(config: RouterConfig, argv: list[str]) -> int:
         _reap(children, stopping)
         return 1
     first = children[0].ready
-    host = advertised_host(config.grpc_host, config.advertise_host)
+    host = advertised_host(config.grpc.host, config.advertise.host)
     ready = {
         "event": "ready", "router_id": config.router_id, "grpc": f"{host}:{grpc_port}",
         "metrics": first.get("metrics", ""),
@@ -152,7 +152,7 @@ def supervise(config: RouterConfig, argv: list[str]) -> int:
         ],
     }  # fmt: skip
     if rest_port >= 0:
-        ready["rest"] = f"{advertised_host(config.rest_host, config.advertise_host)}:{rest_port}"
+        ready["rest"] = f"{advertised_host(config.rest_host, config.advertise.host)}:{rest_port}"
     print(json.dumps(ready), flush=True)
     log.info("serving with %d router processes on gRPC port %d", n, grpc_port)
     return _reap(children, stopping)

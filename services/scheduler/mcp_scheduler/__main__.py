@@ -1,8 +1,8 @@
 """``python -m mcp_scheduler [--config scheduler.yaml] [--flags]``: run one scheduler until SIGTERM/SIGINT.
 
-Configuration: defaults < ``--config`` YAML < ``MCP_SCHEDULER_*`` env < flags; ``--log-format`` and
-``--otlp-endpoint`` as every service (``mcpcore.runner``). Once serving, one JSON line
-``{"event": "ready", ...endpoints}`` goes to stdout (see ``mcpcore.runner``).
+Configuration: defaults < ``--config`` YAML < ``MCP_SCHEDULER_*`` env < flags; the process's options
+(``--log-format``, ``--otlp-endpoint``, ``--tuning.*``) as every service (``mcpcore.runner``). Once
+serving, one JSON line ``{"event": "ready", ...endpoints}`` goes to stdout (see ``mcpcore.runner``).
 """
 
 from __future__ import annotations

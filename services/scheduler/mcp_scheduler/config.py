@@ -1,14 +1,16 @@
 """The scheduler's configuration: one frozen dataclass, built once in ``__main__`` (flags > env > YAML).
 
 Env vars are ``MCP_SCHEDULER_<FIELD>``; names and defaults of ports follow DESIGN.md section 13.
+The sections every service shares (gRPC and metrics serving, advertise, etcd, TLS, the process's options
+and tuning) are ``mcpcore.settings``' and keep their flat names: ``grpc_port``, ``etcd_endpoints``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mcpcore.config import instance_id
-from mcpcore.etcd_store import EtcdAuth
+from mcpcore.config import flat, instance_id
+from mcpcore.settings import Advertise, EtcdSettings, GrpcServing, MetricsServing, ProcessOptions
 from mcpcore.tls import TLSConfig
 
 __all__ = ["SchedulerConfig"]
@@ -18,18 +20,12 @@ __all__ = ["SchedulerConfig"]
 class SchedulerConfig:
     #: This instance's id in leader election (several schedulers may run; one leads).
     scheduler_id: str = ""
-    grpc_host: str = "127.0.0.1"
-    grpc_port: int = 50051
-    #: The host others reach this service at (a pod IP, a DNS name), published in place of the bound one;
-    #: empty: the bound host, or this machine's host name when it binds a wildcard (``0.0.0.0``).
-    advertise_host: str = ""
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int = 9102
-    etcd_endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
-    etcd_prefix: str = "/mcp"
-    etcd_timeout_s: float = 5.0
-    #: TLS to etcd and etcd's user/password auth (env MCP_SCHEDULER_ETCD_AUTH__USER, ...; README "Securing").
-    etcd_auth: EtcdAuth = field(default_factory=EtcdAuth)
+    grpc: GrpcServing = field(default_factory=lambda: GrpcServing(port=50051), metadata=flat("grpc_"))
+    advertise: Advertise = field(default_factory=Advertise, metadata=flat("advertise_"))
+    metrics: MetricsServing = field(
+        default_factory=lambda: MetricsServing(port=9102), metadata=flat("metrics_")
+    )
+    etcd: EtcdSettings = field(default_factory=EtcdSettings, metadata=flat("etcd_"))
     #: TLS / mutual TLS: this service's gRPC server and its calls (env MCP_SCHEDULER_TLS__CA_FILE, ...).
     tls: TLSConfig = field(default_factory=TLSConfig)
     #: Leader lease: a standby takes over within about this long after the leader dies.
@@ -50,6 +46,9 @@ class SchedulerConfig:
     hot_quiet_period_s: float = 60.0
     #: Actions executed at once.
     max_parallel_actions: int = 16
+
+    #: The process's own options: logging, tracing, tuning (``mcpcore.settings``, ``mcpcore.tuning``).
+    process: ProcessOptions = field(default_factory=ProcessOptions, metadata=flat(""))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scheduler_id", instance_id(self.scheduler_id, "scheduler_id"))

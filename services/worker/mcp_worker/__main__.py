@@ -1,8 +1,9 @@
 """``python -m mcp_worker [--config worker.yaml] [--flags]``: run one worker until SIGTERM/SIGINT.
 
-Configuration: defaults < ``--config`` YAML < ``MCP_WORKER_*`` env < flags; ``--log-format`` and
-``--otlp-endpoint`` as every service (``mcpcore.runner``). Every log line names the worker (``worker``).
-Once serving, one JSON line ``{"event": "ready", ...endpoints}`` goes to stdout (see ``mcpcore.runner``).
+Configuration: defaults < ``--config`` YAML < ``MCP_WORKER_*`` env < flags; the process's options
+(``--log-format``, ``--otlp-endpoint``, ``--tuning.*``) as every service (``mcpcore.runner``). Every log
+line names the worker (``worker``). Once serving, one JSON line ``{"event": "ready", ...endpoints}`` goes
+to stdout (see ``mcpcore.runner``).
 """
 
 from __future__ import annotations

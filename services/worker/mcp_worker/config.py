@@ -2,18 +2,37 @@
 
 Env vars are ``MCP_WORKER_<FIELD>`` (``MCP_WORKER_ETCD_ENDPOINTS=127.0.0.1:2379``); the YAML file has the
 same field names. ``__post_init__`` checks what crosses fields, so a bad combination fails at start-up with
-the field named, never later on the request path.
+the field named, never later on the request path. The sections every service shares (gRPC and metrics
+serving, advertise, etcd, TLS, the process's options and tuning) are ``mcpcore.settings``' and keep their
+flat names: ``grpc_port``, ``etcd_endpoints``.
+
+``device_environment`` reads the CUDA variables, which are CUDA's and the cuda backend's rather than
+settings of a worker.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from mcpcore.config import instance_id
-from mcpcore.etcd_store import EtcdAuth
+from mcpcore.config import environment, flat, instance_id
+from mcpcore.settings import Advertise, EtcdSettings, GrpcServing, MetricsServing, ProcessOptions
 from mcpcore.tls import TLSConfig
 
-__all__ = ["WorkerConfig"]
+__all__ = [
+    "DEVICE_ENV",
+    "FATBIN_ENV",
+    "VISIBLE_ENV",
+    "DeviceEnvironment",
+    "WorkerConfig",
+    "device_environment",
+]
+
+#: The CUDA variables: the kernels file and the device of a cuda backend made without one (tools, tests; a
+#: worker passes its own ``gpu_index``), and the GPUs CUDA shows (``backends.cuda_device``, ``nvml``).
+FATBIN_ENV = "MCP_CUDA_FATBIN"
+DEVICE_ENV = "MCP_CUDA_DEVICE"
+VISIBLE_ENV = "CUDA_VISIBLE_DEVICES"
 
 
 @dataclass(frozen=True)
@@ -35,36 +54,30 @@ class WorkerConfig:
     repository_cache_bytes: int = 10 << 30
     #: Keyring file for encrypted models (never stored in etcd, never logged).
     keyring: str = ""
-    etcd_endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
-    etcd_prefix: str = "/mcp"
-    #: Seconds an etcd call may take.
-    etcd_timeout_s: float = 5.0
-    #: TLS to etcd and etcd's user/password auth (env MCP_WORKER_ETCD_AUTH__USER, ...; README "Securing").
-    etcd_auth: EtcdAuth = field(default_factory=EtcdAuth)
+    etcd: EtcdSettings = field(default_factory=EtcdSettings, metadata=flat("etcd_"))
     #: TLS / mutual TLS: this service's gRPC server and its calls (env MCP_WORKER_TLS__CA_FILE, ...).
     tls: TLSConfig = field(default_factory=TLSConfig)
     #: Where the control gRPC API listens (port 0: pick a free one and publish it).
-    grpc_host: str = "127.0.0.1"
-    grpc_port: int = 0
+    grpc: GrpcServing = field(default_factory=GrpcServing, metadata=flat("grpc_"))
     #: The ZeroMQ tensor endpoint (ROUTER): ``tcp://host:port`` (port 0 picks one) or ``ipc://path``.
     zmq_bind: str = "tcp://127.0.0.1:0"
     #: Also listen on a same-host endpoint (``mcpcore.wire.local_endpoint``: a Linux abstract Unix socket
     #: named from the record's id, incarnation, endpoint and CURVE key) that routers and SDK clients in this
-    #: host's network namespace use instead of TCP when the published address is this host's (16 MiB each
-    #: way: 15 -> 11-13 ms here). Turn it off when senders must go through the published endpoint (e.g. a
-    #: proxy in front of it) even on this host.
+    #: host's network namespace use instead of TCP when the published address is this host's
+    #: (docs/design/same-host-transport.md). Turn it off when senders must go through the published
+    #: endpoint (e.g. a proxy in front of it) even on this host.
     zmq_local: bool = True
     #: The host others reach this worker at, when it binds a wildcard (``0.0.0.0`` in a container):
     #: published in etcd in place of the bound host for the gRPC and ZeroMQ endpoints.
-    advertise_host: str = ""
+    advertise: Advertise = field(default_factory=Advertise, metadata=flat("advertise_"))
     #: Optional CURVE: this worker's secret key file (z85, as written by zmq.auth); empty = plain TCP.
     zmq_curve_secret_key_file: str = ""
     #: With CURVE: a folder of the public keys (zmq.auth ``.key`` files) of the routers and SDK clients
     #: allowed to connect; any other key fails the handshake. Empty = any client key (encryption only).
     zmq_curve_clients_dir: str = ""
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int = 0
-    #: Liveness: lease TTL and load-report interval (the interval is raised to >= 3x mean inference time).
+    metrics: MetricsServing = field(default_factory=MetricsServing, metadata=flat("metrics_"))
+    #: Liveness: lease TTL and load-report (heartbeat) interval (the interval is raised to >= 3x mean
+    #: inference time).
     lease_ttl_s: float = 5.0
     heartbeat_interval_s: float = 1.0
     #: Memory budget for all loaded models, in bytes (DESIGN section 9: a load that does not fit fails).
@@ -72,14 +85,13 @@ class WorkerConfig:
     #: Batches executing at once (threads running model code).
     exec_slots: int = 2
     #: A numpy or ONNX model whose batches take at most this long runs them on the event loop, not an
-    #: ``exec_slots`` thread: no thread to wake and no result to hand back (``mcp_worker.inline`` has the
-    #: rules). A batch holds the loop that long at most; its first slower or failed batch sends the model
-    #: back to the threads. 0 runs every batch on the threads.
+    #: ``exec_slots`` thread: no thread to wake and no result to hand back (``mcp_worker.batching.inline``
+    #: has the rules). A batch holds the loop that long at most; its first slower or failed batch sends the
+    #: model back to the threads. 0 runs every batch on the threads.
     inline_batch_ms: float = 1.0
     #: Threads one matrix product of a numpy model may use (the BLAS numpy links). 1, as ONNX models'
-    #: ``intra_op_num_threads``: parallelism comes from ``exec_slots``, and BLAS's own pool (a thread per
-    #: core) spins between batches, which took the worker's CPU per request at c=64, batches of up to 64
-    #: rows, from 0.155 to 0.30 ms. 0 leaves BLAS's default (one per core).
+    #: ``intra_op_num_threads``: parallelism comes from ``exec_slots`` (docs/design/blas-threads.md).
+    #: 0 leaves BLAS's default (one per core).
     blas_threads: int = 1
     #: This worker's share of traffic relative to others (routers weight its virtual nodes by it; at most 64,
     #: so one record cannot make every router build a huge ring).
@@ -120,6 +132,9 @@ class WorkerConfig:
     #: NVML) in its load reports, so the scheduler places no more there. For GPU workers; a CPU worker on a
     #: GPU host leaves it off (its models live in host memory).
     place_by_gpu_memory: bool = False
+
+    #: The process's own options: logging, tracing, tuning (``mcpcore.settings``, ``mcpcore.tuning``).
+    process: ProcessOptions = field(default_factory=ProcessOptions, metadata=flat(""))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "worker_id", instance_id(self.worker_id, "worker_id"))
@@ -177,3 +192,19 @@ class WorkerConfig:
     def lease_ttl(self) -> int:
         """The lease TTL etcd gets: whole seconds, rounded up."""
         return max(1, int(-(-self.lease_ttl_s // 1)))
+
+
+@dataclass(frozen=True)
+class DeviceEnvironment:
+    """The CUDA variables as set (None: unset). Not worker settings: CUDA itself reads
+    ``CUDA_VISIBLE_DEVICES``, and tools run the cuda backend without a worker."""
+
+    fatbin: str | None
+    device: str | None
+    visible_devices: str | None
+
+
+def device_environment(env: Mapping[str, str] | None = None) -> DeviceEnvironment:
+    """The CUDA variables of ``env`` (default: the process's), read when asked, never at import."""
+    env = environment() if env is None else env
+    return DeviceEnvironment(env.get(FATBIN_ENV), env.get(DEVICE_ENV), env.get(VISIBLE_ENV))

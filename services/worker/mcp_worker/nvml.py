@@ -17,12 +17,13 @@ module is injectable, so the logic is tested on machines without a GPU.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
+
+from mcp_worker.config import device_environment
 
 __all__ = ["GpuSampler", "Reading", "nvml_index"]
 
@@ -49,7 +50,7 @@ def nvml_index(cuda_index: int, nvml: Any, handles: list[Any], visible: str | No
     """NVML's index of the GPU CUDA calls ``cuda_index`` (None: not visible, or not mappable), given an
     initialised NVML and its ``handles`` in NVML order; ``visible``: ``CUDA_VISIBLE_DEVICES`` (read when
     None)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    visible = device_environment().visible_devices if visible is None else visible
     if visible is None:
         return cuda_index if cuda_index < len(handles) else None
     entries = [e.strip() for e in visible.split(",") if e.strip()]

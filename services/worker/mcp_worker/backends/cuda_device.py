@@ -13,17 +13,16 @@ Invariants:
   frees an allocation, stream or module through the context it was made in, so objects are freed inside
   ``active()`` too, never left to the garbage collector on some other thread.
 
-Environment, read when asked (never at import): ``MCP_CUDA_FATBIN`` (the kernels, default
-``libs/native/build/mcp_kernels.fatbin`` in this checkout) and ``MCP_CUDA_DEVICE`` (device index, default 0;
-``CUDA_VISIBLE_DEVICES`` chooses among the physical GPUs) for a backend made without a device; a worker
-passes its own ``gpu_index``.
+Environment, read when asked (never at import) through ``mcp_worker.config.device_environment``:
+``MCP_CUDA_FATBIN`` (the kernels, default ``libs/native/build/mcp_kernels.fatbin`` in this checkout) and
+``MCP_CUDA_DEVICE`` (device index, default 0; ``CUDA_VISIBLE_DEVICES`` chooses among the physical GPUs)
+for a backend made without a device; a worker passes its own ``gpu_index``.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,6 +31,7 @@ from types import ModuleType
 from typing import Any
 
 from mcp_worker.backends.base import short_error
+from mcp_worker.config import DEVICE_ENV, FATBIN_ENV, device_environment
 
 __all__ = [
     "DEFAULT_FATBIN",
@@ -48,19 +48,17 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FATBIN_ENV = "MCP_CUDA_FATBIN"
-DEVICE_ENV = "MCP_CUDA_DEVICE"
 DEFAULT_FATBIN = Path(__file__).resolve().parents[4] / "libs" / "native" / "build" / "mcp_kernels.fatbin"
 
 
 def kernels_path() -> Path:
     """The fatbin to load: ``$MCP_CUDA_FATBIN`` or ``libs/native/build/mcp_kernels.fatbin``."""
-    return Path(os.environ.get(FATBIN_ENV) or DEFAULT_FATBIN)
+    return Path(device_environment().fatbin or DEFAULT_FATBIN)
 
 
 def device_index() -> int:
     """The GPU to use, ``$MCP_CUDA_DEVICE`` (default 0); ``ValueError`` names the variable when it is bad."""
-    raw = os.environ.get(DEVICE_ENV, "0").strip() or "0"
+    raw = (device_environment().device or "0").strip() or "0"
     if not raw.isdigit():
         raise ValueError(f"{DEVICE_ENV} must be a device index (0, 1, ...), got {raw!r}")
     return int(raw)
