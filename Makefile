@@ -56,6 +56,8 @@ lint: $(STAMP) proto-check
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+	$(PY) tools/gen_docs.py --check
+	@site=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir $$site; rc=$$?; rm -rf $$site; exit $$rc
 
 test: setup native
 	$(VENV)/bin/pytest -q tests -m "not slow"
@@ -68,15 +70,16 @@ bench: setup native
 models: setup
 	$(PY) tools/make_models.py --out models --force
 
-# The local cluster: etcd, two workers, scheduler, router, health; demo models loaded; a demo client; status.
+# The development cluster (tools/devcluster): etcd, two workers, scheduler, router, health; demo models
+# loaded; a demo client; status.
 up: setup native
-	$(PY) -m mcpclient.launcher up
+	$(PY) -m mcp_devcluster up
 
 down:
-	@test -x $(PY) && $(PY) -m mcpclient.launcher down || echo "nothing to stop"
+	@test -x $(PY) && $(PY) -m mcp_devcluster down || echo "nothing to stop"
 
 status: setup
-	$(PY) -m mcpclient.launcher status
+	$(PY) -m mcp_devcluster status
 
 # The C memory pool, the router's grpc++ front door (for the venv's Python; Debian's libgrpc++-dev is
 # installed when missing) and, where nvcc exists, the CUDA kernels, with the system compiler.
@@ -109,9 +112,9 @@ compose-config:
 compose-test: setup
 	$(PY) tools/compose_test.py
 
-# Render deploy/k8s's overlays (tools/k8s_render.py: the kustomize subset they use) and validate every object
-# offline against the Kubernetes schemas (kubernetes-validate, strict); tests/unit/test_k8s_manifests.py
-# runs the same in make test, with checks of what the objects say.
+# Render deploy/k8s's overlays (tools/k8s_render.py: `kubectl kustomize` from the venv's pinned kubectl) and
+# validate every object offline against the Kubernetes schemas (kubernetes-validate, strict);
+# tests/unit/test_k8s_manifests.py runs the same in make test, with checks of what the objects say.
 k8s-validate: $(STAMP)
 	$(PY) tools/k8s_render.py --check
 

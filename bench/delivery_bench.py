@@ -93,8 +93,8 @@ def bench_overload(repo: Path, seconds: float) -> dict[str, float]:
     sys.path.insert(0, str(ROOT / "tests" / "integration"))
     from harness import RouterProcess, SchedulerProcess, WorkerProcess, wait_for  # noqa: PLC0415
 
+    from mcp_devcluster.localetcd import EtcdServer  # noqa: PLC0415
     from mcpapi.v2 import control_pb2, control_pb2_grpc, model_pb2  # noqa: PLC0415
-    from mcpclient.localetcd import EtcdServer  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)

@@ -11,7 +11,7 @@ import time
 import uuid
 from pathlib import Path
 
-from mcpclient.localetcd import EtcdServer
+from mcp_devcluster.localetcd import EtcdServer
 from mcpcore.etcd_store import EtcdStore
 from mcpcore.keys import Keyspace
 

@@ -29,10 +29,10 @@ import peer_model
 import zmq
 from rest_bench import bench_rest
 
+from mcp_devcluster.localetcd import EtcdServer
 from mcpapi.kserve import grpc_service_pb2 as kserve_pb
 from mcpapi.v2 import control_pb2, control_pb2_grpc, inference_pb2, inference_pb2_grpc, model_pb2
 from mcpclient import MeshClient
-from mcpclient.localetcd import EtcdServer
 from mcpcore.etcd_store import EtcdStore
 from mcpcore.keys import Keyspace
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import grpc
 
+from mcp_devcluster.localetcd import EtcdServer
 from mcpapi.v2 import control_pb2, control_pb2_grpc, model_pb2, worker_pb2
-from mcpclient.localetcd import EtcdServer
 
 ROOT = Path(__file__).resolve().parents[1]
 GiB, MiB = 1 << 30, 1 << 20

@@ -35,10 +35,9 @@ from typing import Any
 
 import grpc
 
-from mcp_scheduler import docs
+from mcp_devcluster.localetcd import EtcdServer
 from mcp_scheduler.view import ModelSpecDoc, TrafficDoc
 from mcpapi.v2 import control_pb2, control_pb2_grpc
-from mcpclient.localetcd import EtcdServer
 from mcpcore.etcd_store import EtcdStore
 from mcpcore.keys import Keyspace
 from mcpcore.lifecycle import ReplicaRecord, ReplicaState
@@ -61,7 +60,7 @@ async def _put_all(store: EtcdStore, items: list[tuple[str, bytes]]) -> None:
 
 
 def _spec(name: str) -> bytes:
-    return docs.spec_to_json(ModelSpecDoc(model=name, versions=("1",), replicas=1, memory_bytes=100 * MiB))
+    return ModelSpecDoc(model=name, versions=("1",), replicas=1, memory_bytes=100 * MiB).to_json()
 
 
 async def _fill(endpoint: str, keys: Keyspace, models: int, workers: int, incarnation: str) -> None:
@@ -73,7 +72,7 @@ async def _fill(endpoint: str, keys: Keyspace, models: int, workers: int, incarn
         items += [
             (keys.model_spec(name), _spec(name)),
             (keys.replica(name, "1", worker), record.to_json()),
-            (keys.model_routing(name), docs.routing_to_json(TrafficDoc(stable="1"))),
+            (keys.model_routing(name), TrafficDoc(stable="1").to_json()),
         ]
     async with EtcdStore([endpoint]) as store:
         await _put_all(store, items)

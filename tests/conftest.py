@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mcpclient.localetcd import EtcdServer
+from mcp_devcluster.localetcd import EtcdServer
 from mcpcore import errors
 from mcpcore.etcd_store import EtcdStore
 

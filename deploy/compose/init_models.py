@@ -1,7 +1,7 @@
 """Compose's ``init`` service: wait for the workers, load the demo models as ``make up`` does, exit.
 
 Waits until the health service sees ``MCP_INIT_WORKERS`` (default 2) workers alive, then sends each spec
-of ``mcpclient.launcher.DEMO`` to the scheduler (``LoadModel`` returns once its replicas run; loading a
+of ``mcp_devcluster.demo.DEMO`` to the scheduler (``LoadModel`` returns once its replicas run; loading a
 loaded model again changes nothing, so a rerun is harmless). Addresses: ``MCP_SCHEDULER`` and
 ``MCP_HEALTH`` (mcpctl's variables). Exit 0 when every model runs; 1, naming what failed, else.
 """
@@ -14,8 +14,8 @@ import time
 
 import grpc
 
+from mcp_devcluster.demo import DEMO
 from mcpapi.v2 import control_pb2, control_pb2_grpc, health_pb2, health_pb2_grpc
-from mcpclient.launcher import DEMO
 
 RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 

@@ -36,8 +36,8 @@ from harness import (
     wait_for,
 )
 
+from mcp_devcluster.localetcd import EtcdServer
 from mcpapi.v2 import control_pb2, control_pb2_grpc, inference_pb2, inference_pb2_grpc, model_pb2, worker_pb2
-from mcpclient.localetcd import EtcdServer
 from mcpcore import dtypes
 from mcpcore.keys import Keyspace
 

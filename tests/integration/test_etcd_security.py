@@ -14,8 +14,8 @@ import pytest
 from harness import SchedulerProcess, WorkerProcess, wait_for
 from test_security import _make_certs
 
+from mcp_devcluster.localetcd import EtcdServer
 from mcpapi.v2 import control_pb2, control_pb2_grpc, model_pb2
-from mcpclient.localetcd import EtcdServer
 
 PREFIX = f"/es{uuid.uuid4().hex[:6]}/mcp"
 

@@ -1,4 +1,4 @@
-"""``make down`` (``mcpclient.launcher down``): services stop together while etcd answers, etcd last."""
+"""``make down`` (``mcp_devcluster down``): services stop together while etcd answers, etcd last."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from mcpclient import launcher
+from mcp_devcluster import launcher
 
 # Each fake service writes "<name> <event> <monotonic time>" lines to one log, so order is observable.
 FAKE = r"""

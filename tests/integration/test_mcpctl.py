@@ -232,7 +232,7 @@ def test_profile_a_real_process_and_its_error_paths(
     )  # fmt: skip
     try:
         assert busy.stdout.readline().strip() == "ready"
-        (tmp_path / "busy.pid").write_text(str(busy.pid))  # as `python -m mcpclient.launcher up` writes them
+        (tmp_path / "busy.pid").write_text(str(busy.pid))  # as `python -m mcp_devcluster up` writes them
         svg = tmp_path / "busy.svg"
         r = run(
             "-o",

