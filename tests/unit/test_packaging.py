@@ -57,3 +57,18 @@ def test_every_dependency_has_an_exact_pin_inside_its_range() -> None:
 def test_make_setup_installs_with_the_constraints() -> None:
     makefile = (ROOT / "Makefile").read_text()
     assert "-c constraints.txt" in makefile
+
+
+def test_every_import_package_folder_is_in_the_wheel() -> None:
+    """setuptools ships only the packages pyproject lists: a new subpackage left out works in the editable
+    venv and is missing from the wheel (and so from the compose image)."""
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(tool["packages"])
+    found = set()
+    for top, folder in tool["package-dir"].items():
+        base = ROOT / folder
+        for init in base.rglob("__init__.py"):
+            rel = init.parent.relative_to(base).parts
+            found.add(".".join((top, *rel)))
+    assert found - listed == set(), f"add these to [tool.setuptools] packages: {sorted(found - listed)}"
+    assert listed - found == set(), f"listed but not a package folder: {sorted(listed - found)}"
