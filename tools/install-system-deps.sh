@@ -7,7 +7,7 @@
 #   libb64    (package libb64-0d) — with the argument "libb64": Triton's perf_analyzer links it
 #   iptables  (package iptables) — with the argument "iptables": make multihost cuts hosts off with it
 #   grpc      (packages libgrpc++-dev, g++, pkg-config, python3-dev) — with the argument "grpc": make native
-#             builds the router's grpc++ front door (libs/native/src/frontdoor.cc) with them
+#             builds the router's grpc++ front door (libs/native/src/*.cc) with them
 set -euo pipefail
 sudo=""
 if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi

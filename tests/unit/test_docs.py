@@ -6,12 +6,14 @@ Reads files only; the generated pages are rebuilt in-process by ``tools/gen_docs
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import re
 import tomllib
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,3 +76,29 @@ def test_every_page_in_docs_is_in_the_nav_and_every_nav_entry_exists() -> None:
     on_disk = {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")}
     assert on_disk - in_nav == set(), f"pages missing from mkdocs.yml's nav: {sorted(on_disk - in_nav)}"
     assert in_nav - on_disk == set(), f"nav entries with no page: {sorted(in_nav - on_disk)}"
+
+
+def test_the_settings_page_does_not_depend_on_the_cores_of_the_machine_that_builds_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mcpcore import tuning  # noqa: PLC0415
+
+    gen_docs = _gen_docs()
+    pages = []
+    for cores in (1, 2, 16):
+        monkeypatch.setattr(tuning, "available_cores", lambda cores=cores: cores)
+        pages.append(gen_docs.PAGES["reference/settings.md"]())
+    assert pages[0] == pages[1] == pages[2]
+    assert "1 core: `False`; 2 or more: `True`" in pages[0]  # batch_helper_threads follows the cores
+
+
+def test_every_setting_says_what_it_does() -> None:
+    _gen_docs()  # puts tools/ on the path, where its page modules live
+    settings = importlib.import_module("gen_docs_settings")
+    bare = [
+        f"{service}: {row['name']} ({row['owner']})"
+        for service in settings.SERVICES
+        for row in settings.service_settings(service)
+        if row["help"] == "—"
+    ]
+    assert bare == [], f"settings with no `#:` comment in their config class: {bare}"

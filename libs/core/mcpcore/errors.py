@@ -99,35 +99,53 @@ class MCPError(Exception):
 
 
 class InvalidArgument(MCPError):
+    """The request itself is wrong (a bad name, shape, dtype or value): fix it and send again."""
+
     code = Code.INVALID_ARGUMENT
 
 
 class NotFound(MCPError):
+    """The model, version, region or key named does not exist (or is not loaded)."""
+
     code = Code.NOT_FOUND
 
 
 class AlreadyExists(MCPError):
+    """The thing to create exists already (a region name, a model being registered twice)."""
+
     code = Code.ALREADY_EXISTS
 
 
 class FailedPrecondition(MCPError):
+    """The request is valid but the system is not in a state to do it (an illegal state transition, a leader
+    that no longer leads)."""
+
     code = Code.FAILED_PRECONDITION
 
 
 class PermissionDenied(MCPError):
+    """The caller's identity may not do this (mTLS allow-lists, etcd auth)."""
+
     code = Code.PERMISSION_DENIED
 
 
 class ResourceExhausted(MCPError):
+    """A limit was reached (queue size, bytes in flight, memory, message size): back off, or send less."""
+
     code = Code.RESOURCE_EXHAUSTED
 
 
 class DeadlineExceeded(MCPError):
+    """The deadline passed before the answer; an idempotent call may be retried."""
+
     code = Code.DEADLINE_EXCEEDED
     retryable = True
 
 
 class Unavailable(MCPError):
+    """No copy could take the request now (starting, draining, breaker, link down); an idempotent call may be
+    retried."""
+
     code = Code.UNAVAILABLE
     retryable = True
 
@@ -140,10 +158,14 @@ class Aborted(MCPError):
 
 
 class DataLoss(MCPError):
+    """Stored or received bytes are corrupt (a tampered model file, an unreadable record)."""
+
     code = Code.DATA_LOSS
 
 
 class Internal(MCPError):
+    """A fault of ours; the message says where, the server log has the details."""
+
     code = Code.INTERNAL
 
 

@@ -80,6 +80,7 @@ class Advertise:
 class ProcessOptions:
     #: stderr lines: ``json`` (one object a line) or ``text`` (for people at a terminal; ``mcpcore.logs``).
     log_format: str = field(default="json", metadata=shared_env("MCP_LOG_FORMAT"))
+    #: The lowest level logged: DEBUG, INFO, WARNING, ERROR or CRITICAL.
     log_level: str = field(default="INFO", metadata=shared_env("MCP_LOG_LEVEL"))
     #: Where trace spans go over OTLP/gRPC (e.g. ``http://127.0.0.1:4317``; a bare ``host:port`` is taken
     #: as plaintext http); empty: no tracing (``mcpcore.tracing``).
