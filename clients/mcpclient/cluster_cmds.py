@@ -3,14 +3,14 @@ service's ``Health``: status, list, load, unload, pause, resume, traffic, breake
 
 Each command makes its request, prints the result (``views``: a table, or one JSON document with
 ``-o json``) and raises on failure; ``mcpctl.main`` prints the one-line error and picks the exit code.
-``status_table`` is the status as text, for ``python -m mcpclient.launcher`` (``make up``).
+``status_table`` is the status as text, for ``python -m mcp_devcluster`` (``make up``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
-import os
 import sys
 import time
 from typing import Any
@@ -21,10 +21,22 @@ from rich.live import Live
 from rich.text import Text
 
 from mcpapi.v2 import control_pb2, health_pb2, model_pb2
+from mcpclient.config import client_environment
 from mcpclient.ctlkit import Ctl, connects, output_option, pass_ctl, render_text, write_renderables
 from mcpclient.load_progress import load_and_wait
-from mcpclient.views import breaker_doc, model_doc, models_table, summary_table, worker_doc, workers_table
-from mcpcore.errors import MCPError
+from mcpclient.views import (
+    breaker_doc,
+    model_doc,
+    models_table,
+    rejections_table,
+    summary_table,
+    worker_doc,
+    workers_table,
+)
+from mcpcore.errors import InvalidArgument, MCPError
+from mcpcore.etcd_store import EtcdAuth, EtcdStore
+from mcpcore.keys import Keyspace
+from mcpcore.records import RejectionsDoc
 
 __all__ = ["COMMANDS", "status_doc", "status_table"]
 
@@ -32,9 +44,11 @@ LOAD_TIMEOUT_S = 60.0
 
 
 # --- status, list ------------------------------------------------------------------------------------------
-def status_doc(ctl: Ctl) -> dict[str, Any]:
-    """Every model (scheduler), then every worker (health service); a health service that does not answer
-    leaves ``workers`` null and says why in ``health_error`` (the models are still worth showing)."""
+def status_doc(ctl: Ctl, prefix: str = "/mcp") -> dict[str, Any]:
+    """Every model (scheduler), then every worker (health service), then every operator document a service
+    rejected (etcd, ``<prefix>/rejected/``). A health service or an etcd that does not answer leaves
+    ``workers`` or ``rejections`` null and says why in ``health_error`` or ``rejections_error`` (the rest
+    is still worth showing)."""
     models = ctl.call("scheduler", "ListModels", control_pb2.ListModelsRequest(), timeout=10).models
     doc: dict[str, Any] = {"models": [model_doc(m) for m in models], "workers": None, "health_error": ""}
     try:
@@ -43,7 +57,35 @@ def status_doc(ctl: Ctl) -> dict[str, Any]:
         doc["health_error"] = f"health service at {ctl.health} did not answer ({err.code.name})"
     else:
         doc["workers"] = [worker_doc(w) for w in report.workers]
+    doc["rejections"], doc["rejections_error"] = None, ""
+    if ctl.etcd:
+        try:
+            doc["rejections"] = asyncio.run(_rejections(ctl.etcd, ctl.etcd_auth, Keyspace(prefix)))
+        except MCPError as err:
+            doc["rejections_error"] = f"etcd at {ctl.etcd} did not answer ({err.message})"
     return doc
+
+
+async def _rejections(etcd: str, auth: EtcdAuth | None, keys: Keyspace) -> list[dict[str, Any]]:
+    """What every service instance published under ``/mcp/rejected/`` (records.RejectionsDoc)."""
+    endpoints = [e.strip() for e in etcd.split(",") if e.strip()]
+    async with EtcdStore(endpoints, timeout=3.0, auth=auth) as store:
+        items = (await store.get_prefix(keys.rejected_prefix())).items
+    out = []
+    for kv in items:
+        try:
+            published = RejectionsDoc.parse(kv.key, kv.value)
+        except InvalidArgument as err:
+            out.append(
+                {"key": kv.key, "service": "?", "instance": "", "kind": "", "reason": err.message, "at": 0}
+            )
+            continue
+        out.extend(
+            {"key": r.key, "service": published.service, "instance": published.instance, "kind": r.kind,
+             "reason": r.reason, "at": r.at}
+            for r in published.rejections
+        )  # fmt: skip
+    return sorted(out, key=lambda r: (r["key"], r["service"], r["instance"]))
 
 
 def _status_view(doc: dict[str, Any]) -> list[RenderableType]:
@@ -51,7 +93,12 @@ def _status_view(doc: dict[str, Any]) -> list[RenderableType]:
         tail: RenderableType = Text(f"({doc['health_error']})")
     else:
         tail = workers_table(doc["workers"])
-    return [models_table(doc["models"]), Text(""), tail]
+    view = [models_table(doc["models"]), Text(""), tail]
+    if doc.get("rejections"):
+        view += [Text(""), rejections_table(doc["rejections"])]
+    elif doc.get("rejections_error"):
+        view += [Text(""), Text(f"(rejected documents unknown: {doc['rejections_error']})")]
+    return view
 
 
 def status_table(scheduler: str, health: str) -> str:
@@ -73,33 +120,46 @@ def status_table(scheduler: str, health: str) -> str:
     metavar="[SECONDS]",
     help="redraw every SECONDS (default 2) until Ctrl-C; with -o json, one document per line per refresh",
 )
-@connects("scheduler", "health")
+@click.option(
+    "--prefix",
+    envvar="MCP_ETCD_PREFIX",
+    default="/mcp",
+    show_default=True,
+    show_envvar=True,
+    help="the cluster's etcd key prefix (where services publish the documents they rejected)",
+)
+@connects("scheduler", "health", "etcd")
 @output_option
 @pass_ctl
-def status_cmd(ctl: Ctl, watch: float | None) -> None:
-    """Models, versions, replicas, states, breakers and traffic; then workers (from the health service)."""
+def status_cmd(ctl: Ctl, watch: float | None, prefix: str) -> None:
+    """Models, versions, replicas, states, breakers and traffic; then workers (from the health service);
+    then every operator document a service rejected (etcd): which key, which service, why."""
+    try:
+        Keyspace(prefix)
+    except InvalidArgument as err:
+        raise click.BadParameter(err.message, param_hint="--prefix") from None
     if watch is None:
-        doc = status_doc(ctl)
+        doc = status_doc(ctl, prefix)
         ctl.emit(doc, lambda: _status_view(doc))
         return
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a watch ends: a success
-        _watch(ctl, watch)
+        _watch(ctl, watch, prefix)
 
 
-def _frame(ctl: Ctl) -> tuple[dict[str, Any], list[RenderableType]]:
+def _frame(ctl: Ctl, prefix: str) -> tuple[dict[str, Any], list[RenderableType]]:
     try:
-        doc = status_doc(ctl)
+        doc = status_doc(ctl, prefix)
     except MCPError as err:  # the scheduler may come back: keep watching, say so
         doc = {"error": err.message}
         return doc, [Text(f"(no status: {err.message})")]
     return doc, _status_view(doc)
 
 
-def _watch(ctl: Ctl, interval: float) -> None:
+def _watch(ctl: Ctl, interval: float, prefix: str) -> None:
     console = Console(file=sys.stdout)
     if ctl.json or not console.is_terminal:  # a pipe or file: one frame after the other
         while True:
-            doc, view = _frame(ctl)
+            doc, view = _frame(ctl, prefix)
             if ctl.json:
                 click.echo(json.dumps({**doc, "at": time.time()}))
             else:
@@ -109,7 +169,7 @@ def _watch(ctl: Ctl, interval: float) -> None:
 
     def screen() -> Group:
         header = Text(f"every {interval:g}s, Ctrl-C to stop    {time.strftime('%H:%M:%S')}", style="dim")
-        return Group(header, *_frame(ctl)[1])
+        return Group(header, *_frame(ctl, prefix)[1])
 
     with Live(screen(), console=console, auto_refresh=False) as live:
         while True:
@@ -282,7 +342,7 @@ def breaker_set(ctl: Ctl, model: str, level: int | None, for_seconds: float | No
         )
     request = control_pb2.SetBreakerRequest(model=model, level=level, reason=reason)
     request.until_unix_ms = int((time.time() + for_seconds) * 1000) if for_seconds else 0
-    request.set_by = os.environ.get("USER", "operator")
+    request.set_by = client_environment().user
     _emit_breaker(ctl, model, ctl.call("scheduler", "SetBreaker", request).breaker)
 
 

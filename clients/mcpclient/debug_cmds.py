@@ -4,7 +4,7 @@ JSON) and profile (a py-spy flamegraph of one service process).
 Invariants:
 - ``dump`` only reads. A router that does not answer its ``/debug/snapshot`` is listed with the error,
   and the rest of the dump is still written; only an etcd that cannot be read fails the command (exit 3).
-- ``profile`` finds a service's pid in the pid files ``python -m mcpclient.launcher up`` writes
+- ``profile`` finds a service's pid in the pid files ``python -m mcp_devcluster up`` writes
   (``.run/<SERVICE>.pid``), or takes ``--pid``; a missing pid file is a usage error (2), a process that is
   gone or a py-spy that is missing or fails is exit 1, each one line.
 """
@@ -30,6 +30,7 @@ from mcpclient.ctlkit import Ctl, Failure, connects, pass_ctl
 from mcpcore.errors import InvalidArgument
 from mcpcore.etcd_store import EtcdAuth, EtcdStore
 from mcpcore.keys import Keyspace, check_name
+from mcpcore.records import RouterRecord, display
 from mcpcore.store import Range
 
 __all__ = ["COMMANDS"]
@@ -39,23 +40,21 @@ SNAPSHOT_TIMEOUT_S = 5.0
 
 
 # --- dump --------------------------------------------------------------------------------------------------
-def _decode(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return raw.decode("utf-8", "backslashreplace")
-
-
 async def _read(endpoints: list[str], prefix: str, auth: EtcdAuth | None) -> Range:
     async with EtcdStore(endpoints, timeout=5.0, auth=auth) as store:
         return await store.get_prefix(prefix)
 
 
-def _snapshot(record: Any) -> dict[str, Any]:
+def _snapshot(key: str, raw: bytes) -> dict[str, Any]:
     """A router's presence record with its snapshot, or with the error that stood in the way."""
-    if not isinstance(record, dict) or not record.get("metrics"):
+    record = display(key, raw)
+    try:
+        metrics = RouterRecord.parse(key, raw).metrics
+    except InvalidArgument as err:
+        return {"record": record, "error": err.message}
+    if not metrics:
         return {"record": record, "error": "its record names no metrics address"}
-    url = f"http://{record['metrics']}{SNAPSHOT_PATH}"
+    url = f"http://{metrics}{SNAPSHOT_PATH}"
     try:
         with urllib.request.urlopen(url, timeout=SNAPSHOT_TIMEOUT_S) as resp:
             return {"record": record, "snapshot": json.loads(resp.read())}
@@ -89,14 +88,15 @@ def dump_cmd(ctl: Ctl, prefix: str) -> None:
         raise click.BadParameter(err.message, param_hint="--prefix") from None
     endpoints = [e.strip() for e in ctl.etcd.split(",") if e.strip()]
     items = asyncio.run(_read(endpoints, f"{prefix}/", ctl.etcd_auth))
-    values = {kv.key: _decode(kv.value) for kv in items.items}
+    values = {kv.key: display(kv.key, kv.value) for kv in items.items}
     routers = {
-        k.removeprefix(keys.routers_prefix()): v
-        for k, v in values.items()
-        if k.startswith(keys.routers_prefix())
+        kv.key.removeprefix(keys.routers_prefix()): (kv.key, kv.value)
+        for kv in items.items
+        if kv.key.startswith(keys.routers_prefix())
     }
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(routers)))) as pool:
-        snapshots = dict(zip(routers, pool.map(_snapshot, routers.values()), strict=True))
+        found = pool.map(lambda kv: _snapshot(*kv), routers.values())
+        snapshots = dict(zip(routers, found, strict=True))
     doc = {
         "etcd": {"endpoints": endpoints, "prefix": prefix, "revision": items.revision, "keys": values},
         "routers": snapshots,
@@ -174,7 +174,7 @@ def _py_spy_error(stderr: str) -> str:
     type=click.Path(file_okay=False, path_type=Path),
     default=Path(".run"),
     show_default=True,
-    help="the pid files of `python -m mcpclient.launcher up`",
+    help="the pid files of `python -m mcp_devcluster up`",
 )
 @click.option(
     "--py-spy", "py_spy", default=None, metavar="PATH", help="py-spy [beside this Python, else on PATH]"

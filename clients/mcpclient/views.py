@@ -158,6 +158,15 @@ def summary_table(models: list[dict[str, Any]]) -> Table:
     return table
 
 
+def rejections_table(rejections: list[dict[str, Any]]) -> Table:
+    """One row per operator document a service rejected: which key, which service, why (its last good
+    value stays in force there)."""
+    table = plain_table("REJECTED KEY", "SERVICE", "WHY (the last good value stays)")
+    for r in rejections:
+        add_row(table, r["key"], f"{r['service']} {r['instance']}", r["reason"])
+    return table
+
+
 def workers_table(workers: list[dict[str, Any]]) -> Table:
     table = plain_table("WORKER", "ALIVE", "HEARTBEAT AGE", "REPLICAS", "QUEUE", "NOTE")
     for w in workers:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 
-from mcp_scheduler import docs
 from mcp_scheduler.state import Changes, ClusterState
 from mcp_scheduler.view import ModelSpecDoc
 from mcpcore.etcd_store import EtcdStore
@@ -17,7 +16,7 @@ MODELS = 50
 
 
 async def _fill(store: EtcdStore, keys: Keyspace, names: list[str]) -> None:
-    ops = [Put(keys.model_spec(n), docs.spec_to_json(ModelSpecDoc(n, ("1",)))) for n in names]
+    ops = [Put(keys.model_spec(n), ModelSpecDoc(n, ("1",)).to_json()) for n in names]
     await store.txn([], ops)
 
 

@@ -139,7 +139,7 @@ def test_message_is_exact_for_the_operator():
 
 def test_non_finite_threshold_is_rejected():
     raw = policy_json().replace(b'"threshold": 0.9', b'"threshold": NaN')  # Python's json reads NaN
-    with pytest.raises(InvalidArgument, match=r"levels\[2\].threshold: must be an error rate"):
+    with pytest.raises(InvalidArgument, match=r"breaker policy: not JSON \(NaN is not allowed\)"):
         parse_policy(raw)
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import time
 
-from mcp_scheduler import docs
+from mcp_scheduler.actions import LoadReplica, UnloadReplica
 from mcp_scheduler.config import SchedulerConfig
-from mcp_scheduler.plan import LoadReplica, UnloadReplica, plan
+from mcp_scheduler.plan import plan
 from mcp_scheduler.reconciler import Reconciler
 from mcp_scheduler.state import ClusterState
 from mcp_scheduler.view import ModelSpecDoc, TrafficDoc
@@ -58,7 +58,7 @@ class Cluster:
 
     def spec(self, model: str, replicas: int = 1, priority: int = 0) -> None:
         spec = ModelSpecDoc(model, ("1",), replicas=replicas, memory_bytes=GiB, priority=priority)
-        self.put(K.model_spec(model), docs.spec_to_json(spec))
+        self.put(K.model_spec(model), spec.to_json())
 
     def queued(self) -> list[str]:
         return self.reconciler.queue.take(1000)
@@ -87,7 +87,7 @@ def test_room_freed_by_an_eviction_goes_to_the_model_it_was_for():
         c.running("low", w)
         c.running("fill", w)
     for m in ("low", "fill"):
-        c.put(K.model_routing(m), docs.routing_to_json(TrafficDoc("1")))
+        c.put(K.model_routing(m), TrafficDoc("1").to_json())
     c.queued()
     c.spec("high", priority=5)
     assert c.queued() == ["high"]

@@ -1,5 +1,7 @@
 """The etcd keyspace (DESIGN.md section 4), built in exactly one place.
 
+Every value under these keys has one typed definition in ``mcpcore.records``.
+
 Rule: no other module writes a key literal; services ask a ``Keyspace`` for every key and prefix, and parse
 keys they watch back with the ``parse_*`` methods. Names are validated here, so a model called ``a/b`` can
 never alias another model's keys.
@@ -21,6 +23,8 @@ never alias another model's keys.
                                            worker's for direct (SDK) traffic (source = direct.<worker id>);
                                            under the writer's lease
     /mcp/routers/<id>                      a router's addresses (grpc, rest, metrics; under its lease)
+    /mcp/rejected/<service>/<instance>     the operator documents a service instance rejected, and why
+                                           (``mcpcore.records.rejections``; under its own lease)
     /mcp/leader/<service>                  leader election
 """
 
@@ -34,11 +38,12 @@ from mcpcore.errors import InvalidArgument
 __all__ = ["NAME_RE", "VERSION_RE", "Keyspace", "ReplicaId", "check_name", "check_version"]
 
 #: Model, worker, router and key names: no '/', no leading punctuation, bounded length (tensor names:
-#: ``mcpcore.signature.TENSOR_NAME_RE``).
+#: ``mcpcore.tensor_signature.TENSOR_NAME_RE``).
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 #: Versions are positive integers written in decimal ("1", "2", ...).
 VERSION_RE = re.compile(r"[1-9][0-9]{0,8}")
 LEADER_ROLES = frozenset({"scheduler", "health"})
+SERVICES = frozenset({"scheduler", "health", "router", "worker"})
 MODEL_KEYS = ("spec", "traffic", "routing", "status")
 DIRECT_SOURCE = "direct."  # a stats source that is a worker counting direct traffic, not a router
 
@@ -212,6 +217,23 @@ class Keyspace:
         rest = self._strip(key, self.stats_prefix())
         parts = rest.split("/") if rest is not None else []
         if len(parts) == 2 and all(NAME_RE.fullmatch(p) for p in parts):
+            return parts[0], parts[1]
+        return None
+
+    def rejected_prefix(self) -> str:
+        return f"{self.prefix}/rejected/"
+
+    def rejected(self, service: str, instance: str) -> str:
+        """Where one service instance publishes the operator documents it rejected."""
+        if service not in SERVICES:
+            raise InvalidArgument(f"service {service!r} is not one of {sorted(SERVICES)}")
+        return f"{self.rejected_prefix()}{service}/{check_name(instance, f'{service} id')}"
+
+    def parse_rejected_key(self, key: str) -> tuple[str, str] | None:
+        """``(service, instance)`` for a key under ``rejected_prefix()``, else None."""
+        rest = self._strip(key, self.rejected_prefix())
+        parts = rest.split("/") if rest is not None else []
+        if len(parts) == 2 and parts[0] in SERVICES and NAME_RE.fullmatch(parts[1]):
             return parts[0], parts[1]
         return None
 

@@ -9,22 +9,21 @@ Rules (everything that decides a replica's state lives in this file):
 3. The write is a transaction guarded by the record's mod revision: of two writers racing on one replica,
    exactly one wins and the other gets ``FailedPrecondition``. Within one process an asyncio lock per
    replica serialises transitions, so hooks of one replica never interleave.
-4. The stored value is JSON (``ReplicaRecord.to_json``); a value that does not parse is never overwritten
-   silently: reading it raises ``DataLoss`` naming the key.
+4. The stored value is ``mcpcore.records.ReplicaRecord`` (its ``to_json``, read by its ``parse``); a value
+   that does not parse is never overwritten silently: reading it raises ``DataLoss`` naming the key.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
-import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from mcpcore.errors import DataLoss, FailedPrecondition, Internal, MCPError, NotFound
+from mcpcore.errors import DataLoss, FailedPrecondition, Internal, InvalidArgument, MCPError, NotFound
 from mcpcore.keys import Keyspace, ReplicaId
+from mcpcore.records.replica import ReplicaRecord, ReplicaState, Transition
 from mcpcore.store import Compare, Delete, Put, Store
 
 __all__ = [
@@ -38,17 +37,6 @@ __all__ = [
     "check_transition",
     "is_legal",
 ]
-
-
-class ReplicaState(enum.Enum):
-    IDLE = "IDLE"
-    LOADING = "LOADING"
-    READY = "READY"
-    RUNNING = "RUNNING"
-    PAUSED = "PAUSED"
-    UNLOADING = "UNLOADING"
-    ERROR = "ERROR"
-    RECOVERING = "RECOVERING"
 
 
 S = ReplicaState
@@ -75,60 +63,6 @@ def check_transition(src: ReplicaState, dst: ReplicaState, what: str = "replica"
             f"{what}: illegal transition {src.value} -> {dst.value}; from {src.value} it may go to "
             f"{', '.join(allowed)}"
         )
-
-
-@dataclass(frozen=True, slots=True)
-class Transition:
-    src: ReplicaState
-    dst: ReplicaState
-    at: float
-    reason: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaRecord:
-    """One replica's stored state. ``revision`` is the key's mod revision (not part of the JSON)."""
-
-    state: ReplicaState
-    since: float
-    reason: str = ""
-    history: tuple[Transition, ...] = ()
-    info: Mapping[str, Any] = field(default_factory=dict)
-    revision: int = 0
-
-    def to_json(self) -> bytes:
-        return json.dumps(
-            {
-                "state": self.state.value,
-                "since": self.since,
-                "reason": self.reason,
-                "transitions": [
-                    {"from": t.src.value, "to": t.dst.value, "at": t.at, "reason": t.reason}
-                    for t in self.history
-                ],
-                "info": dict(self.info),
-            },
-            separators=(",", ":"),
-        ).encode()
-
-    @classmethod
-    def from_json(cls, raw: bytes, *, revision: int, key: str) -> ReplicaRecord:
-        try:
-            doc = json.loads(raw)
-            history = tuple(
-                Transition(S(t["from"]), S(t["to"]), float(t["at"]), str(t.get("reason", "")))
-                for t in doc.get("transitions", ())
-            )
-            return cls(
-                state=S(doc["state"]),
-                since=float(doc["since"]),
-                reason=str(doc.get("reason", "")),
-                history=history,
-                info=dict(doc.get("info", {})),
-                revision=revision,
-            )
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise DataLoss(f"replica record at {key} is not valid ({exc!r}); fix or delete the key") from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +107,7 @@ class ReplicaLifecycle:
     async def get(self, rid: ReplicaId) -> ReplicaRecord | None:
         key = self._keys.replica_key(rid)
         kv = await self._store.get(key)
-        return None if kv is None else ReplicaRecord.from_json(kv.value, revision=kv.mod_revision, key=key)
+        return None if kv is None else _parse(key, kv.value, kv.mod_revision)
 
     async def records_of(self, worker: str) -> list[tuple[ReplicaId, ReplicaRecord]]:
         """Every replica record naming ``worker`` (one prefix read; for a worker's registration)."""
@@ -183,7 +117,7 @@ class ReplicaLifecycle:
             rid = self._keys.parse_replica_key(kv.key)
             if rid is not None and rid.worker == worker:
                 try:
-                    out.append((rid, ReplicaRecord.from_json(kv.value, revision=kv.mod_revision, key=kv.key)))
+                    out.append((rid, _parse(kv.key, kv.value, kv.mod_revision)))
                 except DataLoss:
                     continue  # not ours to judge here: whoever reads it gets the error
         return out
@@ -298,3 +232,11 @@ class ReplicaLifecycle:
         if lock is None:
             lock = self._locks[rid] = asyncio.Lock()
         return lock
+
+
+def _parse(key: str, raw: bytes, revision: int) -> ReplicaRecord:
+    """A stored record; one that does not parse is ``DataLoss`` (never overwritten silently)."""
+    try:
+        return ReplicaRecord.parse(key, raw, revision=revision)
+    except InvalidArgument as exc:
+        raise DataLoss(f"replica record at {key} is not valid ({exc.message}); fix or delete it") from None

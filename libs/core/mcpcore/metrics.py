@@ -43,6 +43,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily
+
+from mcpcore.records import UNKNOWN_FIELDS
 
 __all__ = [
     "DURATION_BUCKETS",
@@ -166,12 +169,28 @@ class CommonMetrics(Metrics):
         self.watch_apply = self.standard("mcp_watch_apply_seconds")
         self.loop_errors = self.standard("mcp_loop_errors_total")
         self.loop_lag = self.standard("mcp_event_loop_lag_seconds")
+        self.registry.register(_UnknownFields())
 
     def count_loop_error(self, loop: str) -> None:
         self.loop_errors.labels(loop=loop).inc()
 
     def count_config_rejected(self, key: str) -> None:
         self.config_rejected.labels(key=key).inc()
+
+
+class _UnknownFields:
+    """``mcp_record_unknown_fields_total{kind}``: fields of process-written etcd documents this process did
+    not know and ignored (``mcpcore.records.UNKNOWN_FIELDS``: a newer writer is about)."""
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "mcp_record_unknown_fields",
+            "Unknown fields ignored in process-written etcd documents.",
+            labels=["kind"],
+        )
+        for kind, count in sorted(UNKNOWN_FIELDS.items()):
+            family.add_metric([kind], count)
+        yield family
 
 
 class RequestMetrics(CommonMetrics):

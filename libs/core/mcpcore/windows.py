@@ -6,9 +6,10 @@ health service's breakers see every failure whichever way a request came.
 
 Invariants:
 - Recording is O(1) and does no I/O: counts go into per-second buckets per model and error class.
-- A window doc is ``{"requests": n, "timeout": n, "resource": n, "backend": n, "unavailable": n,
-  "client": n, "window_s": s, "at": unix seconds, <source field>: id}`` (what ``mcp_health.levels``
-  reads); only models with requests in the window are written.
+- A window doc is a ``mcpcore.records.StatsDoc``: ``{"requests": n, "timeout": n, "resource": n,
+  "backend": n, "unavailable": n, "client": n, "window_s": s, "at": unix seconds, <source field>: id}``
+  (what ``mcp_health.levels`` reads); only models with requests in the window are written. ``extra``
+  documents come encoded by their own records.
 - ``WindowPublisher`` writes every interval under its own lease (gone with the process), and never dies:
   etcd away costs a warning and a counted loop error, and a new lease next time.
 """
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import time
@@ -25,12 +25,13 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 
 from mcpcore.errors import MCPError
+from mcpcore.records import StatsDoc
+from mcpcore.records.demand import CLASSES
 from mcpcore.store import Store
 
 __all__ = ["CLASSES", "WindowPublisher", "Windows"]
 
 log = logging.getLogger(__name__)
-CLASSES = ("timeout", "resource", "backend", "unavailable", "client")
 
 
 class Windows:
@@ -64,8 +65,8 @@ class Windows:
 
 
 class WindowPublisher:
-    """Every ``interval_s``: each model's window to ``key_of(model)``, plus whatever ``extra()`` returns
-    (key -> doc), all under one lease of ``ttl`` seconds."""
+    """Every ``interval_s``: each model's window to ``key_of(model)``, plus whatever ``extra(now)`` returns
+    (key -> an encoded record stamped ``now``), all under one lease of ``ttl`` seconds."""
 
     def __init__(
         self,
@@ -74,7 +75,7 @@ class WindowPublisher:
         *,
         key_of: Callable[[str], str],
         source: Mapping[str, str],
-        extra: Callable[[], Mapping[str, dict]] = dict,
+        extra: Callable[[float], Mapping[str, bytes]] = lambda now: {},
         ttl: int = 10,
         interval_s: float = 1.0,
         name: str = "stats",
@@ -117,16 +118,14 @@ class WindowPublisher:
             await self._store.refresh_lease(self._lease_id)
         now = time.time()
         for model in self._windows.models():
-            doc = {
-                **self._source,
-                "window_s": self._windows.window_s,
-                "at": now,
-                **self._windows.window(model),
-            }
-            await self._store.put(self._key_of(model), encode(doc), lease=self._lease_id)
-        for key, doc in self._extra().items():
-            await self._store.put(key, encode({**doc, "at": now}), lease=self._lease_id)
-
-
-def encode(doc: Mapping) -> bytes:
-    return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+            counts = self._windows.window(model)
+            doc = StatsDoc(
+                requests=counts.pop("requests"),
+                counts=counts,
+                window_s=self._windows.window_s,
+                at=now,
+                source=self._source,
+            )
+            await self._store.put(self._key_of(model), doc.to_json(), lease=self._lease_id)
+        for key, raw in self._extra(now).items():
+            await self._store.put(key, raw, lease=self._lease_id)

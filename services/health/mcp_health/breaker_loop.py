@@ -1,8 +1,10 @@
 """Breaker levels from error rates: aggregate every router's window, decide, write ``/mcp/breakers/<m>``.
 
 Invariants:
-- The policy is ``/mcp/config/breaker`` (DESIGN.md section 8's JSON) or the default when absent; a value
-  that does not parse is rejected (logged, counted) and the last good policy stays in force.
+- The policy is ``/mcp/config/breaker`` (DESIGN.md section 8's JSON) or the default when absent. It and the
+  breaker documents get the mesh's one rule for operator documents (``records.OperatorDocs``, fed by
+  ``on_change``): one that does not parse is logged, counted, published to ``/mcp/rejected/health/<id>``,
+  and the last good value stays in force.
 - Only fresh router windows count: written within the policy's metrics window, as measured on this
   process's monotonic clock from when each window's new value arrived (never a router's ``at`` against
   this host's clock: a router whose clock is off by a minute would be ignored, or counted forever); only
@@ -16,25 +18,24 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
 
 from mcp_health.alerts import Alert, Alerter
 from mcp_health.levels import BreakerController, error_rate
-from mcpcore.breaker import (
-    DEFAULT_POLICY,
-    BreakerDoc,
-    BreakerPolicy,
-    breaker_to_json,
-    parse_breaker,
-    parse_policy,
-)
 from mcpcore.errors import InvalidArgument, MCPError
 from mcpcore.fencing import Fence
 from mcpcore.keys import Keyspace
 from mcpcore.mirror import PrefixMirror
+from mcpcore.records import (
+    BreakerDoc,
+    BreakerPolicy,
+    OperatorDocs,
+    RejectionPublisher,
+    StatsDoc,
+)
+from mcpcore.records.breaker import DEFAULT_POLICY
 from mcpcore.store import Compare, Put, Store
 
 __all__ = ["BreakerLoop"]
@@ -56,10 +57,22 @@ class BreakerLoop:
         on_error: Callable[[str], None] = lambda loop: None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        instance: str = "health",
     ) -> None:
+        self.operator_docs: OperatorDocs[object] = OperatorDocs(
+            "health",
+            instance,
+            on_rejected=on_rejected,
+            on_change=lambda: self.rejections_publisher.changed(),  # noqa: PLW0108 - made next, from these
+            clock=clock,
+        )
+        self.rejections_publisher = RejectionPublisher(
+            store, keys.rejected("health", instance), self.operator_docs.doc, on_error=on_error
+        )
         self._mirror, self._store, self._keys, self._alerter = mirror, store, keys, alerter
         self._monotonic = monotonic
-        self._arrived: dict[str, tuple[int, float]] = {}  # stats key -> (mod revision, local arrival)
+        # stats key -> (mod revision, local arrival, its window: parsed once per revision, None if bad)
+        self._arrived: dict[str, tuple[int, float, dict[str, int] | None]] = {}
         self._fence, self._on_level, self._on_rejected, self._on_error = (
             fence,
             on_level,
@@ -68,53 +81,59 @@ class BreakerLoop:
         )
         self._clock = clock
         self.policy: BreakerPolicy = DEFAULT_POLICY
-        self._policy_raw: bytes | None = None
         self.controller = BreakerController(self.policy)
         # what this instance wrote, until the mirror shows it: the next check must not decide it twice
         self._written: dict[str, tuple[BreakerDoc, int]] = {}  # model -> (doc, revision written at)
 
-    def _refresh_policy(self) -> None:
-        raw = self._mirror.values.get(self._keys.breaker_config())
-        if raw == self._policy_raw:
-            return
-        self._policy_raw = raw
-        try:
-            policy = DEFAULT_POLICY if raw is None else parse_policy(raw)
-        except InvalidArgument as exc:
-            self._on_rejected("breaker_policy")
-            log.warning(
-                "rejected %s: %s (the last good policy stays)", self._keys.breaker_config(), exc.message
-            )
-            return
-        if policy != self.policy:
-            log.info("breaker policy now %s", policy)
-            self.policy = policy
-            self.controller.policy = policy  # keeps the step-down timers
+    def start(self) -> None:
+        self.rejections_publisher.start()
+
+    async def stop(self) -> None:
+        await self.rejections_publisher.stop()
+
+    def on_change(self, keys: set[str]) -> None:
+        """Apply the one rule to the operator documents among ``keys`` (the mirror's changed keys)."""
+        for key in keys:
+            raw = self._mirror.values.get(key)
+            if self._keys.parse_breaker_key(key) is not None:
+                self.operator_docs.apply(key, raw, BreakerDoc.parse, "breaker")
+            elif key == self._keys.breaker_config():
+                found = self.operator_docs.apply(key, raw, BreakerPolicy.parse, "breaker_policy")
+                policy = found if isinstance(found, BreakerPolicy) else DEFAULT_POLICY
+                if policy != self.policy:
+                    log.info("breaker policy now %s", policy)
+                    self.policy = policy
+                    self.controller.policy = policy  # keeps the step-down timers
 
     def _windows(self) -> dict[str, list[dict]]:
         windows: dict[str, list[dict]] = {}
         local = self._monotonic()
-        arrived: dict[str, tuple[int, float]] = {}
+        arrived: dict[str, tuple[int, float, dict[str, int] | None]] = {}
         for key, raw in self._mirror.values.items():
             parsed = self._keys.parse_stats_key(key)
             if parsed is None:
                 continue
             revision = self._mirror.revisions.get(key, 0)
             seen = self._arrived.get(key)
-            arrived[key] = seen = seen if seen is not None and seen[0] == revision else (revision, local)
+            if seen is None or seen[0] != revision:
+                seen = (revision, local, self._window_of(key, raw))
+            arrived[key] = seen
             if local - seen[1] > self.policy.metrics_window_s:
                 continue  # not rewritten for a whole window: its router stopped reporting
-            try:
-                doc = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(doc, dict):
-                windows.setdefault(parsed[1], []).append(doc)
+            if seen[2] is not None:
+                windows.setdefault(parsed[1], []).append(seen[2])
         self._arrived = arrived  # keys gone from etcd are forgotten
         return windows
 
+    def _window_of(self, key: str, raw: bytes) -> dict[str, int] | None:
+        try:
+            return StatsDoc.parse(key, raw).window()
+        except InvalidArgument as exc:  # a window with a bad count: left out, said once per value
+            self._on_rejected("stats")
+            log.warning("ignoring %s: %s", key, exc.message)
+            return None
+
     async def check(self) -> None:
-        self._refresh_policy()
         now = self._clock()
         windows = self._windows()
         models = set(windows) | {m for k in self._mirror.values if (m := self._keys.parse_breaker_key(k))}
@@ -139,13 +158,8 @@ class BreakerLoop:
         if written is not None and self._mirror.revisions.get(key, 0) < written[1]:
             return written[0]  # the mirror has not caught up with our own write yet
         self._written.pop(model, None)
-        raw = self._mirror.values.get(key)
-        if raw is None:
-            return None
-        try:
-            return parse_breaker(model, raw)
-        except InvalidArgument:
-            return None  # an operator's typo: the routers keep their last good level; we decide afresh
+        doc = self.operator_docs.get(key)  # the last good one, if an operator's write was rejected
+        return doc if isinstance(doc, BreakerDoc) else None
 
     async def _write(
         self, model: str, key: str, doc: BreakerDoc, previous: int, reason: str, *, fence: Fence
@@ -153,7 +167,7 @@ class BreakerLoop:
         revision = self._mirror.revisions.get(key, 0)
         try:
             result = await self._store.txn(
-                [Compare(key, revision), fence.compare()], [Put(key, breaker_to_json(doc))]
+                [Compare(key, revision), fence.compare()], [Put(key, doc.to_json())]
             )
         except MCPError as exc:
             self._on_error("breaker_write")

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -33,11 +32,12 @@ import grpc
 
 from mcp_health.alerts import Alert, Alerter
 from mcpapi.v2 import worker_pb2, worker_pb2_grpc
-from mcpcore.errors import FailedPrecondition, MCPError
+from mcpcore.errors import FailedPrecondition, InvalidArgument, MCPError
 from mcpcore.fencing import Fence
 from mcpcore.keys import Keyspace, ReplicaId
 from mcpcore.lifecycle import ReplicaLifecycle, ReplicaState
 from mcpcore.mirror import PrefixMirror
+from mcpcore.records import LoadReport, ReplicaRecord, WorkerRecord
 from mcpcore.store import Compare
 from mcpcore.tls import TLSConfig, aio_channel
 
@@ -115,9 +115,11 @@ class Detector:
                 self._seen(worker, raw, is_report)
 
     def _seen(self, worker: str, raw: bytes, is_report: bool) -> None:
+        key = self._keys.worker_load(worker) if is_report else self._keys.worker(worker)
         try:
-            doc = json.loads(raw)
-        except ValueError:
+            doc: LoadReport | WorkerRecord = (LoadReport if is_report else WorkerRecord).parse(key, raw)
+        except InvalidArgument as exc:
+            log.warning("ignoring %s: %s", key, exc.message)
             return
         seen = self.workers.get(worker)
         if seen is None:
@@ -127,19 +129,19 @@ class Detector:
         if not seen.alive:
             seen.alive, seen.emergency_sent = True, False
             self._spawn(self._recovered(worker))
-        if is_report:
+        if isinstance(doc, LoadReport):
             now = self._monotonic()
             if now - self._freshest > self._report_timeout:  # reports stopped for everyone, now resume
                 self._flow_since = now
             seen.arrived = self._freshest = now
-            seen.last_beat = float(doc.get("last_beat", self._clock()))
-            seen.last_active = float(doc.get("last_active", 0.0))
-            seen.queue_depth = int(doc.get("queue_depth", 0))
-            seen.errors_total = int(doc.get("exec_errors_total", 0))
-            seen.stopped = str(doc.get("stopped", ""))
-            seen.device_error = str(doc.get("device_error", ""))
+            seen.last_beat = doc.last_beat or self._clock()
+            seen.last_active = doc.last_active
+            seen.queue_depth = doc.queue_depth
+            seen.errors_total = doc.exec_errors_total
+            seen.stopped = doc.stopped
+            seen.device_error = doc.device_error
         else:
-            seen.grpc = str(doc.get("grpc", ""))
+            seen.grpc = doc.grpc
 
     # -- periodic checks -------------------------------------------------------------------------------
     def check(self) -> None:
@@ -178,8 +180,8 @@ class Detector:
         for key, raw in self._mirror.values.items():
             rid = self._keys.parse_replica_key(key)
             if rid is not None and rid.worker == worker:
-                with contextlib.suppress(ValueError, AttributeError):
-                    out.append((rid, json.loads(raw).get("state", "")))
+                with contextlib.suppress(InvalidArgument):
+                    out.append((rid, ReplicaRecord.parse(key, raw).state.value))
         return out
 
     async def _dead(self, worker: str, why: str, guard: Compare) -> None:

@@ -49,8 +49,8 @@ class HealthServer:
         self.config = config
         self.metrics = HealthMetrics(CollectorRegistry())
         self._lag = LoopLagMonitor(self.metrics.loop_lag.observe)
-        self.keys = Keyspace(config.etcd_prefix)
-        self.store = EtcdStore(config.etcd_endpoints, timeout=config.etcd_timeout_s, auth=config.etcd_auth)
+        self.keys = Keyspace(config.etcd.prefix)
+        self.store = EtcdStore(config.etcd.endpoints, timeout=config.etcd.timeout_s, auth=config.etcd.auth)
         self.election = LeaderElection(
             self.store, self.keys.leader("health"), config.health_id, ttl=config.leader_ttl_s,
             on_change=lambda leading: self.metrics.is_leader.set(1 if leading else 0),
@@ -76,6 +76,7 @@ class HealthServer:
             self.mirror, self.store, self.keys, self.alerter, fence=self._fence,
             on_level=lambda m, level: self.metrics.breaker_level.labels(m).set(level),
             on_rejected=self.metrics.count_config_rejected, on_error=self.metrics.count_loop_error,
+            instance=config.health_id,
         )  # fmt: skip
         self.grpc = GrpcService(["mcpapi.v2.Health"], tls=config.tls)
         self._task: asyncio.Task[None] | None = None
@@ -88,26 +89,27 @@ class HealthServer:
 
     def _changed(self, keys: set[str]) -> None:
         self.detector.on_change(keys)
+        self.breakers.on_change(keys)
 
     async def start(self) -> dict[str, str]:
         self._lag.start()
         cfg = self.config
         self._metrics_server, metrics_port = start_metrics_server(
-            cfg.metrics_port, cfg.metrics_host, registry=self.metrics.registry
+            cfg.metrics.port, cfg.metrics.host, registry=self.metrics.registry
         )
-        self.grpc.add(
-            health_pb2_grpc.add_HealthServicer_to_server, HealthV2(self.mirror, self.keys, self.detector)
-        )
-        port = await self.grpc.start(cfg.grpc_host, cfg.grpc_port)
+        servicer = HealthV2(self.mirror, self.keys, self.detector, self.breakers.operator_docs)
+        self.grpc.add(health_pb2_grpc.add_HealthServicer_to_server, servicer)
+        port = await self.grpc.start(cfg.grpc.host, cfg.grpc.port)
         await self.store.connect()
         await self.mirror.start()
+        self.breakers.start()
         await self.election.start()
         self._task = asyncio.create_task(self._loop(), name="health-checks")
         await self.grpc.set_serving()
         self.endpoints = {
             "health_id": cfg.health_id,
-            "grpc": f"{advertised_host(cfg.grpc_host, cfg.advertise_host)}:{port}",
-            "metrics": f"{advertised_host(cfg.metrics_host, cfg.advertise_host)}:{metrics_port}",
+            "grpc": f"{advertised_host(cfg.grpc.host, cfg.advertise.host)}:{port}",
+            "metrics": f"{advertised_host(cfg.metrics.host, cfg.advertise.host)}:{metrics_port}",
         }
         return self.endpoints
 
@@ -126,6 +128,7 @@ class HealthServer:
     async def stop(self) -> None:
         await self._lag.stop()
         await self.grpc.stop()
+        await self.breakers.stop()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

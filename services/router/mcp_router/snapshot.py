@@ -14,14 +14,15 @@ Invariants:
   in-flight requests are answered).
 - Per batch of etcd events only the models they touch are rebuilt; ``mcp_watch_apply_seconds`` measures
   event arrival → new table in use.
-- A breaker document or policy that does not parse is rejected (logged, counted), and the last good value
-  stays.
+- Every value is read through its ``mcpcore.records`` type. Operator documents (spec, breaker, breaker
+  policy) get the mesh's one rule (``records.OperatorDocs``): one that does not parse is logged, counted,
+  published to ``/mcp/rejected/router/<id>``, and the last good value stays. A process document (worker
+  record, replica record, routing) that does not parse is absent.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import time
@@ -30,14 +31,25 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mcp_router.dataplane import Batching, ModelConfigInfo, ModelMetadata, TensorMeta
-from mcp_router.ring import HashRing
+from mcp_router.routing.ring import HashRing
 from mcpcore import wire
-from mcpcore.breaker import BreakerDoc, parse_breaker, parse_policy
 from mcpcore.errors import InvalidArgument
 from mcpcore.keys import Keyspace
 from mcpcore.mirror import PrefixMirror
 from mcpcore.modelspec import DEFAULT_MAX_ONGOING_REQUESTS
-from mcpcore.signing import RecordVerifier, local_claim, payload
+from mcpcore.record_signing import RecordVerifier, local_claim, payload
+from mcpcore.records import (
+    BreakerDoc,
+    BreakerPolicy,
+    ModelSpecDoc,
+    OperatorDocs,
+    RejectionPublisher,
+    ReplicaRecord,
+    ReplicaState,
+    TrafficDoc,
+    WorkerRecord,
+)
+from mcpcore.records.replica import ConfigSummary
 from mcpcore.store import EventType, Store
 
 __all__ = ["ModelRoute", "RoutingTable", "Snapshots", "Split", "WorkerEndpoint"]
@@ -55,7 +67,7 @@ class WorkerEndpoint:
     draining: bool = False
     grpc: str = ""  # its WorkerControl address (model statistics)
     zmq_features: frozenset[str] = frozenset()  # what its tensor socket takes besides single messages
-    record_certificate: str = ""  # the signed record's proof (mcpcore.signing), handed to direct clients
+    record_certificate: str = ""  # the signed record's proof (mcpcore.record_signing), for direct clients
     record_signature: str = ""
     record_local_signature: str = ""  # its signed offer of the same-host endpoint (signing.local_claim)
 
@@ -110,7 +122,7 @@ class _Ghost:
 
     endpoint: WorkerEndpoint
     since: float
-    running: dict[tuple[str, str], dict[str, Any]]  # (model, version) -> its replica record
+    running: dict[tuple[str, str], ReplicaRecord]  # (model, version) -> its replica record
 
 
 class Snapshots:
@@ -129,8 +141,18 @@ class Snapshots:
         on_swap: Callable[[RoutingTable, RoutingTable], None] = lambda old, new: None,
         clock: Callable[[], float] = time.monotonic,
         verifier: RecordVerifier | None = None,
+        instance: str = "router",
     ) -> None:
         self._keys = keys
+        self.operator_docs: OperatorDocs[Any] = OperatorDocs(
+            "router",
+            instance,
+            on_rejected=on_rejected,
+            on_change=lambda: self.rejections_publisher.changed(),  # noqa: PLW0108 - made next, from these
+        )
+        self.rejections_publisher = RejectionPublisher(
+            store, keys.rejected("router", instance), self.operator_docs.doc, on_error=on_error
+        )
         self._verifier = verifier  # given the CA: only records signed for their worker id are routed
         self._link_ok = link_ok
         self._grace = grace_s
@@ -139,9 +161,9 @@ class Snapshots:
         self._clock = clock
         self._workers: dict[str, WorkerEndpoint] = {}
         self._ghosts: dict[str, _Ghost] = {}
-        self._replicas: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}  # model -> (v, w) -> record
+        self._replicas: dict[str, dict[tuple[str, str], ReplicaRecord]] = {}  # model -> (v, w) -> record
         self._routing: dict[str, Split] = {}
-        self._specs: dict[str, dict[str, Any]] = {}
+        self._specs: dict[str, ModelSpecDoc] = {}
         self._breakers: dict[str, BreakerDoc] = {}
         self._features_off: tuple[str, ...] = ()
         self._expiry: asyncio.Task[None] | None = None
@@ -158,11 +180,13 @@ class Snapshots:
     async def start(self) -> None:
         await self.mirror.start()
         self._expiry = asyncio.create_task(self._expire_ghosts(), name="router-ghosts")
+        self.rejections_publisher.start()
 
     async def stop(self) -> None:
         if self._expiry is not None:
             self._expiry.cancel()
             await asyncio.gather(self._expiry, return_exceptions=True)
+        await self.rejections_publisher.stop()
         await self.mirror.stop()
 
     # -- ghosts ----------------------------------------------------------------------------------------
@@ -240,35 +264,39 @@ class Snapshots:
             return self._apply_worker(wk[0], None if deleted else value) if not wk[1] else ""
         if (rid := k.parse_replica_key(key)) is not None:
             records = self._replicas.setdefault(rid.model, {})
-            doc = None if deleted else _json(value)
-            if isinstance(doc, dict):
-                records[(rid.version, rid.worker)] = doc
+            record = None if deleted else _parsed(key, lambda: ReplicaRecord.parse(key, value))
+            if record is not None:
+                records[(rid.version, rid.worker)] = record
             else:
                 records.pop((rid.version, rid.worker), None)
             return rid.model
         if (mk := k.parse_model_key(key)) is not None:
-            return self._apply_model(mk[0], mk[1], None if deleted else value)
+            return self._apply_model(key, mk[0], mk[1], None if deleted else value)
         if (model := k.parse_breaker_key(key)) is not None:
-            if deleted:
+            doc = self.operator_docs.apply(key, None if deleted else value, BreakerDoc.parse, "breaker")
+            if doc is None:
                 self._breakers.pop(model, None)
-                return model
-            try:
-                self._breakers[model] = parse_breaker(model, value)
-            except InvalidArgument as exc:
-                self._on_rejected("breaker")
-                log.warning("rejected %s: %s (the last good level stays)", key, exc.message)
-                return ""
+            else:
+                self._breakers[model] = doc
             return model
         if key == k.breaker_config():
-            return self._apply_policy(None if deleted else value)
+            policy = self.operator_docs.apply(
+                key, None if deleted else value, BreakerPolicy.parse, "breaker_policy"
+            )
+            self._features_off = policy.features_off if policy is not None else ()
+            return "*"
         return ""
 
     def _apply_worker(self, worker: str, value: bytes | None) -> str:
         if value is None:
             self._lost(worker)
             return "*"
-        doc = _json(value)
-        why = _bad_worker_record(doc)
+        try:
+            doc = WorkerRecord.parse(self._keys.worker(worker), value)
+        except InvalidArgument as exc:
+            why = exc.message
+        else:
+            why = _bad_worker_record(doc)
         if why:
             self._on_rejected("worker")
             log.warning("rejected the record of worker %s: %s", worker, why)
@@ -279,7 +307,7 @@ class Snapshots:
                 self._on_rejected("worker_signature")
                 log.warning("rejected the record of worker %s: %s (nothing is sent there)", worker, why)
                 return ""
-        features = _features(doc.get("zmq_features"))
+        features = frozenset(doc.zmq_features)
         if (
             self._verifier is not None
             and wire.FEATURE_LOCAL in features
@@ -287,67 +315,52 @@ class Snapshots:
         ):
             # an unsigned offer of the same-host endpoint is not taken: the link goes to the signed endpoint
             log.warning(
-                "worker %s: its offer of a same-host endpoint is not signed; using %s", worker, doc["zmq"]
+                "worker %s: its offer of a same-host endpoint is not signed; using %s", worker, doc.zmq
             )
             features -= wire.SAME_HOST_FEATURES
         self._ghosts.pop(worker, None)  # registered again: its records say what it holds
-        capacity = doc.get("capacity", 1.0)
-        valid = isinstance(capacity, int | float) and not isinstance(capacity, bool) and 0 < capacity <= 64
         self._workers[worker] = WorkerEndpoint(
             worker,
-            doc["zmq"],
-            str(doc.get("curve_public_key", "")),
-            str(doc.get("incarnation", "")),
-            float(capacity) if valid else 1.0,
-            bool(doc.get("draining")),
-            str(doc.get("grpc", "")),
+            doc.zmq,
+            doc.curve_public_key,
+            doc.incarnation,
+            doc.capacity,
+            bool(doc.draining),
+            doc.grpc,
             features,
-            str(doc.get("record_certificate", "")),
-            str(doc.get("record_signature", "")),
-            str(doc.get("record_local_signature", "")),
+            doc.record_certificate,
+            doc.record_signature,
+            doc.record_local_signature,
         )
         return "*"
 
-    def _local_signed(self, worker: str, doc: dict[str, Any]) -> bool:
+    def _local_signed(self, worker: str, doc: WorkerRecord) -> bool:
         """Its offer of a same-host endpoint carries a valid signature (``record_local_signature``)."""
         assert self._verifier is not None
         data = local_claim(_signed_payload(worker, doc))
-        certificate, signature = doc.get("record_certificate"), doc.get("record_local_signature")
-        return not self._verifier.verify(worker, data, certificate, signature)
+        return not self._verifier.verify(worker, data, doc.record_certificate, doc.record_local_signature)
 
-    def _verify(self, worker: str, doc: dict[str, Any]) -> str:
+    def _verify(self, worker: str, doc: WorkerRecord) -> str:
         assert self._verifier is not None
         data = _signed_payload(worker, doc)
-        return self._verifier.verify(worker, data, doc.get("record_certificate"), doc.get("record_signature"))
+        return self._verifier.verify(worker, data, doc.record_certificate, doc.record_signature)
 
-    def _apply_model(self, model: str, what: str, value: bytes | None) -> str:
+    def _apply_model(self, key: str, model: str, what: str, value: bytes | None) -> str:
         if what == "routing":
-            split = None if value is None else _split(value)
-            if split is None:
+            routing = None if value is None else _parsed(key, lambda: TrafficDoc.parse(key, value))
+            if routing is None:
                 self._routing.pop(model, None)
             else:
-                self._routing[model] = split
+                self._routing[model] = Split(routing.stable, routing.canary, routing.canary_percent)
             return model
         if what == "spec":
-            doc = None if value is None else _json(value)
-            if isinstance(doc, dict):
-                self._specs[model] = doc
-            else:
+            spec = self.operator_docs.apply(key, value, ModelSpecDoc.parse, "spec")
+            if spec is None:
                 self._specs.pop(model, None)
+            else:
+                self._specs[model] = spec
             return model
         return ""
-
-    def _apply_policy(self, value: bytes | None) -> str:
-        if value is None:
-            self._features_off = ()
-            return "*"
-        try:
-            self._features_off = parse_policy(value).features_off
-        except InvalidArgument as exc:
-            self._on_rejected("breaker_policy")
-            log.warning("rejected the breaker policy: %s (the last good one stays)", exc.message)
-            return ""
-        return "*"
 
     # -- building the table ----------------------------------------------------------------------------
     def _swap(self, dirty: set[str], *, all_models: bool) -> None:
@@ -371,9 +384,9 @@ class Snapshots:
         )
         self._on_swap(old, self.table)
 
-    def _running(self, model: str) -> dict[tuple[str, str], dict[str, Any]]:
+    def _running(self, model: str) -> dict[tuple[str, str], ReplicaRecord]:
         """(version, worker) -> record of every replica that may take requests now."""
-        out: dict[tuple[str, str], dict[str, Any]] = {}
+        out: dict[tuple[str, str], ReplicaRecord] = {}
         for (version, worker), doc in self._replicas.get(model, {}).items():
             endpoint = self._workers.get(worker)
             if endpoint is not None and _serves(doc, endpoint):
@@ -394,38 +407,35 @@ class Snapshots:
         for (version, worker), doc in sorted(self._running(model).items()):
             endpoint = self._workers.get(worker) or self._ghosts[worker].endpoint
             running.setdefault(version, {})[worker] = endpoint.capacity
-            if version not in metadata and (meta := _metadata(model, doc)) is not None:
-                metadata[version] = meta
+            if version not in metadata:
+                metadata[version] = meta = _metadata(model, doc)
                 if (config := _config(model, version, doc, meta)) is not None:
                     configs[version] = config
-            info = doc.get("info") or {}
+            info = doc.details
             # a record that does not say is taken as not idempotent: never run twice on a guess
-            idempotent[version] = idempotent.get(version, True) and info.get("idempotent") is True
-            names = info.get("secondary")
-            if isinstance(names, list):
-                secondary[version] = frozenset(str(n) for n in names)
-            limit = info.get("max_ongoing_requests", DEFAULT_MAX_ONGOING_REQUESTS)
-            if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
-                ongoing[version] = min(ongoing.get(version, limit), limit)
-        spec = self._specs.get(model, {})
-        if not running and model not in self._routing and not spec:
+            idempotent[version] = idempotent.get(version, True) and info.idempotent
+            if info.secondary is not None:
+                secondary[version] = frozenset(info.secondary)
+            limit = info.max_ongoing_requests or DEFAULT_MAX_ONGOING_REQUESTS
+            ongoing[version] = min(ongoing.get(version, limit), limit)
+        spec = self._specs.get(model)
+        if not running and model not in self._routing and spec is None:
             return None
         serving = tuple(sorted(running, key=int))
         metadata = {v: replace(m, versions=serving) for v, m in metadata.items()}
         configs = {v: replace(c, versions=serving) for v, c in configs.items()}
-        fallback = spec.get("fallback_version")
-        versions = spec.get("versions")
-        declared = frozenset(str(v) for v in versions) if isinstance(versions, list) else frozenset()
+        fallback = spec.fallback_version if spec is not None else None
+        declared = frozenset(spec.versions) if spec is not None else frozenset()
         return ModelRoute(
             name=model,
             routing=self._routing.get(model),
             rings={v: HashRing(nodes) for v, nodes in running.items()},
             breaker=self._breakers.get(model, BreakerDoc()),
-            fallback_version=str(fallback) if fallback not in (None, "") else None,
-            load_on_demand=bool(spec.get("load_on_demand", False)),
+            fallback_version=fallback,
+            load_on_demand=spec is not None and spec.load_on_demand,
             metadata=metadata,
             configs=configs,
-            declared=declared | ({str(fallback)} if fallback not in (None, "") else frozenset()),
+            declared=declared | ({fallback} if fallback is not None else frozenset()),
             idempotent=idempotent,
             max_ongoing=ongoing,
             secondary=secondary,
@@ -436,99 +446,73 @@ _ENDPOINT = re.compile(r"(tcp://(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):[0-9]{1,5}|ipc
 _Z85_KEY = re.compile(r"[0-9A-Za-z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}")
 
 
-def _bad_worker_record(doc: Any) -> str:
+def _bad_worker_record(doc: WorkerRecord) -> str:
     """Why a worker record cannot be routed to ("" when it can): a bad endpoint or key must not reach a
     socket (ZeroMQ raises on them) and break routing for everyone else."""
-    if not isinstance(doc, dict):
-        return "not a JSON object"
-    endpoint, key = doc.get("zmq"), doc.get("curve_public_key", "")
-    if not isinstance(endpoint, str) or not _ENDPOINT.fullmatch(endpoint):
-        return f"zmq endpoint {endpoint!r} is not tcp://host:port or ipc://path"
-    if key and (not isinstance(key, str) or not _Z85_KEY.fullmatch(key)):
+    if not _ENDPOINT.fullmatch(doc.zmq):
+        return f"zmq endpoint {doc.zmq!r} is not tcp://host:port or ipc://path"
+    if doc.curve_public_key and not _Z85_KEY.fullmatch(doc.curve_public_key):
         return "curve_public_key is not a 40-character z85 key"
     return ""
 
 
-def _signed_payload(worker: str, doc: dict[str, Any]) -> bytes:
-    """What the worker's record signature covers (mcpcore.signing.payload)."""
-    key = str(doc.get("curve_public_key", ""))
-    return payload(worker, str(doc.get("incarnation", "")), doc["zmq"], key, str(doc.get("grpc", "")))
+def _signed_payload(worker: str, doc: WorkerRecord) -> bytes:
+    """What the worker's record signature covers (mcpcore.record_signing.payload)."""
+    return payload(worker, doc.incarnation, doc.zmq, doc.curve_public_key, doc.grpc)
 
 
-def _features(value: Any) -> frozenset[str]:
-    """A worker record's ``zmq_features``: the names it lists (anything else: none, single messages only)."""
-    if not isinstance(value, list):
-        return frozenset()
-    return frozenset(v for v in value if isinstance(v, str))
-
-
-def _serves(doc: Mapping[str, Any], endpoint: WorkerEndpoint) -> bool:
+def _serves(doc: ReplicaRecord, endpoint: WorkerEndpoint) -> bool:
     """A RUNNING record written by the worker's current incarnation (records from before incarnations
     were recorded, and workers that record none, are taken as current)."""
-    if doc.get("state") != "RUNNING":
+    if doc.state is not ReplicaState.RUNNING:
         return False
-    incarnation = (doc.get("info") or {}).get("incarnation")
+    incarnation = doc.details.incarnation
     return not incarnation or not endpoint.incarnation or incarnation == endpoint.incarnation
 
 
-def _json(raw: bytes) -> Any:
+def _parsed(key: str, parse: Callable[[], Any]) -> Any:
+    """A process-written document, or None (absent) when it does not parse."""
     try:
-        return json.loads(raw)
-    except ValueError:
+        return parse()
+    except InvalidArgument as exc:
+        log.warning("ignoring %s: %s", key, exc.message)
         return None
 
 
-def _split(raw: bytes) -> Split | None:
-    doc = _json(raw)
-    if not isinstance(doc, dict) or not doc.get("stable"):
-        return None
-    canary = doc.get("canary")
-    return Split(str(doc["stable"]), str(canary) if canary else None, int(doc.get("canary_percent") or 0))
+def _metadata(model: str, doc: ReplicaRecord) -> ModelMetadata:
+    info = doc.details
+    inputs = tuple(TensorMeta(t.name, t.dtype, t.shape) for t in info.inputs or ())
+    outputs = tuple(TensorMeta(t.name, t.dtype, t.shape) for t in info.outputs or ())
+    return ModelMetadata(model, (), info.platform, inputs, outputs)
 
 
-def _metadata(model: str, doc: Mapping[str, Any]) -> ModelMetadata | None:
-    info = doc.get("info") or {}
-    try:
-        inputs = tuple(TensorMeta(t["name"], t["dtype"], tuple(t["shape"])) for t in info.get("inputs", ()))
-        outputs = tuple(TensorMeta(t["name"], t["dtype"], tuple(t["shape"])) for t in info.get("outputs", ()))
-    except (KeyError, TypeError):
-        return None
-    return ModelMetadata(model, (), str(info.get("platform", "")), inputs, outputs)
-
-
-def _int(value: Any, default: int = 0) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
-
-
-def _config(model: str, version: str, doc: Mapping[str, Any], meta: ModelMetadata) -> ModelConfigInfo | None:
+def _config(model: str, version: str, doc: ReplicaRecord, meta: ModelMetadata) -> ModelConfigInfo | None:
     """The version's configuration from its replica record (None: a record from before workers wrote
-    one, or one that is not well formed: ModelConfig then says so)."""
-    summary = (doc.get("info") or {}).get("config")
-    if not isinstance(summary, dict):
+    one: ModelConfig then says so)."""
+    summary: ConfigSummary | None = doc.details.config
+    if summary is None:
         return None
-    batching = summary.get("dynamic_batching")
+    b = summary.dynamic_batching
     dynamic = None
-    if isinstance(batching, dict):
-        sizes = batching.get("preferred_batch_sizes")
+    if b is not None:
         dynamic = Batching(
-            max_queue_delay_us=_int(batching.get("max_queue_delay_us")),
-            preferred_batch_sizes=tuple(n for n in sizes if _int(n) > 0) if isinstance(sizes, list) else (),
-            priority_levels=_int(batching.get("priority_levels"), 1),
-            default_priority_level=_int(batching.get("default_priority_level"), 1),
-            default_queue_timeout_us=_int(batching.get("default_queue_timeout_us")),
-            max_queue_size=_int(batching.get("max_queue_size")),
+            max_queue_delay_us=b.max_queue_delay_us,
+            preferred_batch_sizes=b.preferred_batch_sizes,
+            priority_levels=b.priority_levels,
+            default_priority_level=b.default_priority_level,
+            default_queue_timeout_us=b.default_queue_timeout_us,
+            max_queue_size=b.max_queue_size,
         )
-    device = summary.get("device")
     return ModelConfigInfo(
         name=model,
         version=version,
         backend=meta.platform,
-        max_batch_size=_int(summary.get("max_batch_size")),
+        max_batch_size=summary.max_batch_size,
         inputs=meta.inputs,
         outputs=meta.outputs,
         dynamic_batching=dynamic,
-        instance_count=_int(summary.get("instance_count"), 1),
-        device=device if device in ("cpu", "gpu") else "cpu",
+        instance_count=summary.instance_count,
+        device=summary.device,
         versions=(),
-        decoupled=summary.get("decoupled") is True,
+        decoupled=summary.decoupled,
     )

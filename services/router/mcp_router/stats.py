@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from mcpcore.keys import Keyspace
 from mcpcore.metrics import RequestMetrics
+from mcpcore.records import Demand, RouterRecord
 from mcpcore.store import Store
 from mcpcore.windows import WindowPublisher, Windows
 
@@ -118,13 +119,14 @@ def stats_publisher(
     """The router's windows, its demand docs and its presence record (``/mcp/routers/<id>``: its
     addresses, for ``mcpctl dump``), all under the router's stats lease."""
 
-    def extra() -> dict[str, dict]:
-        docs: dict[str, dict] = {
-            keys.demand(model, router_id): {"requests": requests, "overflow": overflow}
+    def extra(now: float) -> dict[str, bytes]:
+        docs = {
+            keys.demand(model, router_id): Demand(model, router_id, requests, overflow, at=now).to_json()
             for model, (requests, overflow) in stats.take_demand().items()
         }
         if endpoints():
-            docs[keys.router(router_id)] = dict(endpoints())
+            key = keys.router(router_id)
+            docs[key] = RouterRecord.parse(key, {**endpoints(), "at": now}).to_json()
         return docs
 
     return WindowPublisher(

@@ -48,18 +48,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from mcp_scheduler import docs
-from mcp_scheduler.config import SchedulerConfig
-from mcp_scheduler.hot import HotCopies
-from mcp_scheduler.plan import (
+from mcp_scheduler.actions import (
     Action,
     ForgetReplica,
     InFlight,
@@ -74,8 +70,10 @@ from mcp_scheduler.plan import (
     StartReplica,
     UnloadReplica,
     kind_of,
-    plan,
 )
+from mcp_scheduler.config import SchedulerConfig
+from mcp_scheduler.hot_copies import HotCopies
+from mcp_scheduler.plan import plan
 from mcp_scheduler.state import Changes, ClusterState
 from mcp_scheduler.view import ClusterView, ReplicaKey
 from mcp_scheduler.worker_client import WorkerClients
@@ -84,6 +82,7 @@ from mcpcore.errors import FailedPrecondition, MCPError, NotFound
 from mcpcore.fencing import Fence
 from mcpcore.keys import Keyspace, ReplicaId
 from mcpcore.lifecycle import ReplicaLifecycle, ReplicaState
+from mcpcore.records.model import ModelStatusDoc, VersionCount
 from mcpcore.store import Compare, Delete, Put, Store
 
 __all__ = ["PERMANENT_LOAD_ERRORS", "STATUS_TXN_OPS", "Reconciler"]
@@ -407,7 +406,7 @@ class Reconciler:
         """Carry ``action`` out; the etcd revision of what it wrote, where known (else 0)."""
         if isinstance(action, PublishRouting):
             key = self._keys.model_routing(action.model)
-            raw = None if action.routing is None else docs.routing_to_json(action.routing)
+            raw = None if action.routing is None else action.routing.to_json()
             if written := await self._write(fence, Delete(key) if raw is None else Put(key, raw), "routing"):
                 log.info("routing of %s now %s", action.model, action.routing)
             return written
@@ -451,7 +450,7 @@ class Reconciler:
     async def _rollback(self, action: RollbackCanary, revision: int, fence: Fence) -> int:
         key = self._keys.model_traffic(action.model)
         result = await self._store.txn(
-            [Compare(key, revision), fence.compare()], [Put(key, docs.traffic_to_json(action.traffic))]
+            [Compare(key, revision), fence.compare()], [Put(key, action.traffic.to_json())]
         )
         if not result.succeeded:
             log.info("canary rollback of %s skipped: its traffic changed meanwhile, or this scheduler "
@@ -518,14 +517,15 @@ class Reconciler:
             doc = self._status_doc(model, status.get(model), view)
             if doc is not None:
                 # what the status was planned from: callers wait for their write to show here
-                doc["spec_revision"], doc["traffic_revision"] = revisions.get(model, (0, 0))
-                if doc["pending"] or doc["error"] or doc.get("retrying"):
+                spec_revision, traffic_revision = revisions.get(model, (0, 0))
+                doc = replace(doc, spec_revision=spec_revision, traffic_revision=traffic_revision)
+                if doc.pending or doc.error or doc.retrying:
                     self._unsettled.add(model)
                 else:
                     self._unsettled.discard(model)
             else:
                 self._unsettled.discard(model)
-            raw = None if doc is None else json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+            raw = None if doc is None else doc.to_json()
             if raw == self._state.raw(self._keys.model_status(model)):
                 continue
             written = self._published.get(model)
@@ -554,29 +554,30 @@ class Reconciler:
             for model, raw in chunk:
                 self._published[model] = (raw, result.revision)
 
-    def _status_doc(self, model: str, status: ModelStatus | None, view: ClusterView) -> dict[str, Any] | None:
+    def _status_doc(self, model: str, status: ModelStatus | None, view: ClusterView) -> ModelStatusDoc | None:
         if status is None and model not in view.specs:
             return None
-        doc: dict[str, Any] = {"model": model, "versions": {}, "pending": "", "error": "", "error_code": ""}
+        doc = ModelStatusDoc(model)
         if status is not None:
-            doc["versions"] = {v: {"running": r, "required": q} for v, (r, q) in status.versions.items()}
-            doc.update(pending=status.pending, error=status.error, error_code=status.error_code)
+            versions = {v: VersionCount(r, q) for v, (r, q) in status.versions.items()}
+            doc = replace(
+                doc,
+                versions=versions,
+                pending=status.pending,
+                error=status.error,
+                error_code=status.error_code,
+            )
         failure = self._errors.get(model)
         # a load a worker refused for good is the cause: the placement error it leads to (the refused
         # copy's record still counts on that worker) says less
-        if failure is not None and (not doc["error"] or doc["error_code"] == "RESOURCE_EXHAUSTED"):
-            doc.update(error_code=failure[0], error=failure[1])
-        elif doc["error_code"] == "RESOURCE_EXHAUSTED" and any(k[0] == model for k in self._running):
+        if failure is not None and (not doc.error or doc.error_code == "RESOURCE_EXHAUSTED"):
+            doc = replace(doc, error_code=failure[0], error=failure[1])
+        elif doc.error_code == "RESOURCE_EXHAUSTED" and any(k[0] == model for k in self._running):
             # a load of it is still out: its answer (the worker's refusal, say) decides; not yet an error
-            doc.update(
-                pending=f"{doc['pending'] or 'loading'}; meanwhile: {doc['error']}", error="", error_code=""
-            )
-        if model in self._retrying:
-            doc["retrying"] = self._retrying[model]
+            pending = f"{doc.pending or 'loading'}; meanwhile: {doc.error}"
+            doc = replace(doc, pending=pending, error="", error_code="")
         rejected = self._state.rejections.get(self._keys.model_traffic(model))
-        if rejected:
-            doc["traffic_rejected"] = rejected
-        return doc
+        return replace(doc, retrying=self._retrying.get(model, ""), traffic_rejected=rejected or "")
 
 
 def _key(action: Action) -> tuple[str, ...]:

@@ -77,14 +77,15 @@ class Scheduler:
         self.metrics = SchedulerMetrics(CollectorRegistry())
         self._lag = LoopLagMonitor(self._observe_lag)
         self._lag_max = 0.0
-        self.keys = Keyspace(config.etcd_prefix)
-        self.store = EtcdStore(config.etcd_endpoints, timeout=config.etcd_timeout_s, auth=config.etcd_auth)
+        self.keys = Keyspace(config.etcd.prefix)
+        self.store = EtcdStore(config.etcd.endpoints, timeout=config.etcd.timeout_s, auth=config.etcd.auth)
         self.state = ClusterState(
             self.store,
             self.keys,
             on_rejected=self.metrics.count_config_rejected,
             on_error=self.metrics.count_loop_error,
             on_applied=self.metrics.watch_apply.labels("scheduler").observe,
+            instance=config.scheduler_id,
         )
         self.election = LeaderElection(
             self.store,
@@ -118,7 +119,7 @@ class Scheduler:
         self._lag.start()
         cfg = self.config
         self._metrics_server, metrics_port = start_metrics_server(
-            cfg.metrics_port, cfg.metrics_host, registry=self.metrics.registry
+            cfg.metrics.port, cfg.metrics.host, registry=self.metrics.registry
         )
         await self.store.connect()
         await self.state.start()
@@ -128,14 +129,14 @@ class Scheduler:
             v2_grpc.add_ModelControlServicer_to_server,
             ModelControlV2(self.service, self.state, self.keys),
         )
-        port = await self.grpc.start(cfg.grpc_host, cfg.grpc_port)
+        port = await self.grpc.start(cfg.grpc.host, cfg.grpc.port)
         self.reconciler.start()
         await self.election.start()
         await self.grpc.set_serving()
         self.endpoints = {
             "scheduler_id": cfg.scheduler_id,
-            "grpc": f"{advertised_host(cfg.grpc_host, cfg.advertise_host)}:{port}",
-            "metrics": f"{advertised_host(cfg.metrics_host, cfg.advertise_host)}:{metrics_port}",
+            "grpc": f"{advertised_host(cfg.grpc.host, cfg.advertise.host)}:{port}",
+            "metrics": f"{advertised_host(cfg.metrics.host, cfg.advertise.host)}:{metrics_port}",
         }
         return self.endpoints
 

@@ -15,32 +15,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
-from mcp_scheduler import docs
 from mcp_scheduler.state import ClusterState
-from mcp_scheduler.view import ClusterView, ModelSpecDoc, ReplicaInfo, TrafficDoc
-from mcpcore.breaker import BreakerDoc, breaker_to_json, parse_breaker
+from mcp_scheduler.view import ClusterView, ReplicaInfo
 from mcpcore.errors import (
     DeadlineExceeded,
     FailedPrecondition,
+    InvalidArgument,
     NotFound,
     error_for_code,
 )
 from mcpcore.keys import Keyspace, check_name, check_version
 from mcpcore.lifecycle import ReplicaState
+from mcpcore.records import BreakerDoc, DrainDoc, ModelSpecDoc, ModelStatusDoc, TrafficDoc
 from mcpcore.store import Compare, Delete, Put, Store
 
 __all__ = ["ControlService", "ModelStatusView"]
 
 DEFAULT_WAIT_S = 60.0
 TRAFFIC_STATUS_WAIT_S = 5.0  # SetTraffic waits this long for the status planned from the new split
-_NO_STATUS: dict[str, Any] = {}  # shared by every view of a model without a status (never changed)
 S = ReplicaState
+_NO_STATUS = ModelStatusDoc(model="")  # shared by every view of a model without a status
 HEADLINE_ORDER = (S.RUNNING, S.PAUSED, S.READY, S.LOADING, S.UNLOADING, S.RECOVERING, S.ERROR, S.IDLE)
 
 
@@ -51,7 +49,7 @@ class ModelStatusView:
     traffic: TrafficDoc | None
     routing: TrafficDoc | None
     replicas: tuple[ReplicaInfo, ...]
-    status: dict[str, Any] = field(default_factory=dict)
+    status: ModelStatusDoc = _NO_STATUS  # the leader's published status (none yet: an empty one)
     breaker: BreakerDoc | None = None
 
     @property
@@ -116,7 +114,7 @@ class ControlService:
 
     # -- loading ---------------------------------------------------------------------------------------
     async def load_model(self, spec: ModelSpecDoc, *, timeout_s: float | None = None) -> ModelStatusView:
-        docs.parse_spec(spec.model, docs.spec_to_json(spec))  # the same rules as an operator's write
+        spec.to_json()  # checks it with the same rules as an operator's write
         key = self._keys.model_spec(spec.model)
         created = False
 
@@ -156,7 +154,7 @@ class ControlService:
             check_version(version)
         before = self.status(model)
         if before.routing is not None and version and version in before.routing.versions:
-            split = docs.routing_to_json(before.routing).decode()
+            split = before.routing.to_json().decode()
             raise FailedPrecondition(
                 f"version {version} of {model} receives traffic ({split}); move traffic to another version "
                 "first (SetTraffic)"
@@ -187,17 +185,17 @@ class ControlService:
 
     # -- traffic, pause, breakers, drain -------------------------------------------------------------
     async def set_traffic(self, model: str, traffic: TrafficDoc) -> tuple[TrafficDoc, str]:
-        raw = docs.traffic_to_json(traffic)  # checks it with the same rules as an operator's etcdctl put
+        raw = traffic.to_json()  # checks it with the same rules as an operator's etcdctl put
         if self._state.spec(model) is None:
             raise NotFound(f"model {model} is not registered; load it before setting its traffic")
         revision = await self._store.put(self._keys.model_traffic(model), raw)
         deadline = time.monotonic() + TRAFFIC_STATUS_WAIT_S  # until the leader's status plans from it
-        while (self._state.status_doc(model) or {}).get("traffic_revision", 0) < revision:
+        while _traffic_revision(self._state.status_doc(model)) < revision:
             left = deadline - time.monotonic()
             if left <= 0:
                 break  # no leader answering: the split is written; say what the last status said
             await self._state.wait_change(left)
-        return traffic, self.status(model).status.get("pending", "")
+        return traffic, self.status(model).status.pending
 
     async def set_paused(
         self, model: str, version: str, paused: bool, *, timeout_s: float | None = None
@@ -238,20 +236,21 @@ class ControlService:
             await self._store.delete(key)
             return None
         doc = replace(doc, since=doc.since or self._clock())
-        await self._store.put(key, breaker_to_json(doc))
+        await self._store.put(key, doc.to_json())
         return doc
 
     def breaker(self, model: str) -> BreakerDoc:
-        raw = self._state.raw(self._keys.breaker(model))
-        return BreakerDoc() if raw is None else parse_breaker(model, raw)
+        key = self._keys.breaker(model)
+        raw = self._state.raw(key)
+        return BreakerDoc() if raw is None else BreakerDoc.parse(key, raw)
 
     async def drain(self, worker: str, reason: str) -> list[ReplicaInfo]:
         check_name(worker, "worker id")
         view = self._state.view()
         if worker not in view.workers:
             raise NotFound(f"worker {worker} is not registered")
-        doc = {"reason": reason or "drained by an operator", "at": self._clock()}
-        await self._store.put(self._keys.drain(worker), json.dumps(doc).encode())
+        doc = DrainDoc(reason=reason or "drained by an operator", at=self._clock())
+        await self._store.put(self._keys.drain(worker), doc.to_json())
         return sorted(view.replicas_on(worker), key=lambda r: r.key)
 
     async def undrain(self, worker: str) -> str:
@@ -265,8 +264,8 @@ class ControlService:
         if not result.succeeded:
             raise FailedPrecondition(f"the drain of {worker} changed meanwhile; retry")
         try:
-            return str(json.loads(kv.value).get("reason", ""))
-        except (ValueError, AttributeError):
+            return DrainDoc.parse(key, kv.value).reason
+        except InvalidArgument:
             return ""
 
     # -- helpers ---------------------------------------------------------------------------------------
@@ -275,9 +274,9 @@ class ControlService:
         key = self._keys.model_spec(model)
         for _ in range(10):
             kv = await self._store.get(key)
-            current = None if kv is None else docs.parse_spec(model, kv.value)
+            current = None if kv is None else ModelSpecDoc.parse(key, kv.value)
             result = await self._store.txn(
-                [Compare(key, kv.mod_revision if kv else 0)], [Put(key, docs.spec_to_json(change(current)))]
+                [Compare(key, kv.mod_revision if kv else 0)], [Put(key, change(current).to_json())]
             )
             if result.succeeded:
                 return result.revision
@@ -288,9 +287,9 @@ class ControlService:
         returns, routers can route the model (they follow the routing key within milliseconds)."""
         if status.spec is not None and status.spec.load_on_demand and status.spec.replicas == 0:
             return True
-        counts = status.status.get("versions", {})
+        counts = status.status.versions
         running = all(
-            v in counts and counts[v]["required"] > 0 and counts[v]["running"] >= counts[v]["required"]
+            v in counts and counts[v].required > 0 and counts[v].running >= counts[v].required
             for v in versions
         )
         return running and status.routing is not None
@@ -323,19 +322,23 @@ class ControlService:
                 status = self.status(model, version)
             except NotFound:
                 status = ModelStatusView(model, None, None, None, ())
-            if status.status.get("spec_revision", 0) < min_revision:
-                status = replace(status, status={})  # planned before our change: not an answer yet
+            if status.status.spec_revision < min_revision:
+                status = replace(status, status=_NO_STATUS)  # planned before our change: not an answer yet
             if done(status):
                 return
             doc = status.status
-            if doc.get("error_code") and doc.get("error"):
-                raise error_for_code(doc["error_code"], doc["error"])
+            if doc.error_code and doc.error:
+                raise error_for_code(doc.error_code, doc.error)
             left = deadline - time.monotonic()
             if left <= 0:
-                pending = doc.get("pending") or "no progress reported yet"
-                if doc.get("retrying"):
-                    pending = f"{pending}; last failure: {doc['retrying']}"
+                pending = doc.pending or "no progress reported yet"
+                if doc.retrying:
+                    pending = f"{pending}; last failure: {doc.retrying}"
                 raise DeadlineExceeded(
                     f"{what} did not finish in time ({pending}); it goes on in the background"
                 )
             await self._state.wait_change(min(left, 1.0))
+
+
+def _traffic_revision(status: ModelStatusDoc | None) -> int:
+    return status.traffic_revision if status is not None else 0

@@ -7,14 +7,13 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from mcp_scheduler import docs
 from mcp_scheduler.service import ControlService, ModelStatusView
-from mcp_scheduler.state import ClusterState
+from mcp_scheduler.state import ClusterState, replica_info
 from mcp_scheduler.view import ModelSpecDoc, ReplicaInfo, TrafficDoc
 from mcpapi.v2 import control_pb2, control_pb2_grpc, model_pb2
-from mcpcore.breaker import BreakerDoc, parse_breaker
 from mcpcore.errors import InvalidArgument, ResourceExhausted
 from mcpcore.keys import Keyspace
+from mcpcore.records import BreakerDoc
 from mcpcore.store import EventType
 
 __all__ = ["ModelControlV2", "deadline_s", "spec_from_proto", "status_to_proto"]
@@ -112,9 +111,9 @@ def status_to_proto(s: ModelStatusView) -> model_pb2.ModelStatus:
 
 def _pending(s: ModelStatusView) -> str:
     doc = s.status
-    parts = [p for p in (doc.get("error", ""), doc.get("pending", "")) if p]
-    if doc.get("traffic_rejected"):
-        parts.append(f"traffic key rejected, last good split stays: {doc['traffic_rejected']}")
+    parts = [p for p in (doc.error, doc.pending) if p]
+    if doc.traffic_rejected:
+        parts.append(f"traffic key rejected, last good split stays: {doc.traffic_rejected}")
     return "; ".join(parts)
 
 
@@ -257,7 +256,7 @@ class ModelControlV2(control_pb2_grpc.ModelControlServicer):
                         model=rid.model, version=rid.version, worker_id=rid.worker
                     )
                     return _ev(control_pb2.EVENT_KIND_REPLICA_REMOVED, rid.model, rev, replica=replica)
-                info = docs.parse_replica(rid.model, rid.version, rid.worker, value, rev)
+                info = replica_info(key, value, rev)
                 return _ev(control_pb2.EVENT_KIND_REPLICA, rid.model, rev, replica=replica_to_proto(info))
             if (mk := k.parse_model_key(key)) is not None:
                 model, what = mk
@@ -268,13 +267,13 @@ class ModelControlV2(control_pb2_grpc.ModelControlServicer):
                         control_pb2.EVENT_KIND_SPEC,
                         model,
                         rev,
-                        spec=spec_to_proto(docs.parse_spec(model, value)),
+                        spec=spec_to_proto(ModelSpecDoc.parse(key, value)),
                     )
                 if what == "routing":
-                    traffic = None if removed else docs.parse_routing(model, value)
+                    traffic = None if removed else TrafficDoc.parse(key, value)
                     return _ev(control_pb2.EVENT_KIND_TRAFFIC, model, rev, traffic=traffic_to_proto(traffic))
             if (model := k.parse_breaker_key(key)) is not None:
-                breaker = None if removed else parse_breaker(model, value)
+                breaker = None if removed else BreakerDoc.parse(key, value)
                 return _ev(
                     control_pb2.EVENT_KIND_BREAKER, model, rev, breaker=breaker_to_proto(model, breaker)
                 )

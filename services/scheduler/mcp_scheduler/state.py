@@ -13,9 +13,11 @@ Invariants:
   the planner reads (record, drain, stop; a load report that only moves the heartbeat, load figures or
   the room measured on its GPU is no change: the next planning reads it), and whether the mirror listed
   afresh. Router stats and other keys concern no model.
-- An operator-written document that does not parse (spec, traffic, breaker) is rejected: logged, counted
-  (``mcp_config_rejected_total``) and ignored, and the last good value stays in force; the rejection is kept
-  so status can say why a write had no effect.
+- Every value is read through its ``mcpcore.records`` type. An operator-written document that does not
+  parse (spec, traffic, breaker) gets the mesh's one rule (``records.OperatorDocs``): logged, counted
+  (``mcp_config_rejected_total``), the last good value stays in force, and the rejection is kept so status
+  and ``mcpctl status`` can say why a write had no effect. A process-written document that does not parse
+  is absent from the indexes.
 - If the watch history was compacted, the mirror is rebuilt from a fresh list; a watch error backs off and
   resumes from the last revision applied (the store resumes across reconnects by itself).
 """
@@ -24,30 +26,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from mcp_scheduler import docs
-from mcp_scheduler.view import (
-    ClusterView,
-    Demand,
-    ModelSpecDoc,
-    ReplicaInfo,
-    ReplicaKey,
-    TrafficDoc,
-    WorkerInfo,
-)
-from mcpcore.breaker import BreakerDoc, parse_breaker
+from mcp_scheduler.view import ClusterView, ReplicaInfo, ReplicaKey, WorkerInfo
 from mcpcore.errors import InvalidArgument
 from mcpcore.keys import Keyspace
 from mcpcore.mirror import PrefixMirror
+from mcpcore.records import (
+    BreakerDoc,
+    Demand,
+    LoadReport,
+    ModelSpecDoc,
+    ModelStatusDoc,
+    OperatorDocs,
+    RejectionPublisher,
+    ReplicaRecord,
+    TrafficDoc,
+    WorkerRecord,
+)
 from mcpcore.store import EventType, Store
 
-__all__ = ["Changes", "ClusterState", "Subscription"]
+__all__ = ["Changes", "ClusterState", "Subscription", "replica_info", "worker_info"]
 
 log = logging.getLogger(__name__)
 
@@ -91,17 +94,25 @@ class ClusterState:
         on_applied: Callable[[float], None] = lambda seconds: None,
         clock: Callable[[], float] = time.time,
         apply_chunk: int = 200,
+        instance: str = "scheduler",
     ) -> None:
         self._keys = keys
-        self._on_rejected = on_rejected
+        self.operator_docs: OperatorDocs[Any] = OperatorDocs(
+            "scheduler",
+            instance,
+            on_rejected=on_rejected,
+            on_change=lambda: self.rejections_publisher.changed(),  # noqa: PLW0108 - made next, from these
+            clock=clock,
+        )
+        self.rejections_publisher = RejectionPublisher(
+            store, keys.rejected("scheduler", instance), self.operator_docs.doc, on_error=on_error
+        )
         self._on_error = on_error
         self._clock = clock
         self.mirror = PrefixMirror(
             store, keys.prefix + "/", on_change=self._changed, on_error=on_error, on_applied=on_applied,
             name="scheduler-state",
         )  # fmt: skip
-        self._good: dict[str, Any] = {}  # key -> last good parsed operator document
-        self.rejections: dict[str, str] = {}  # key -> why its current value was ignored
         # the indexes a view hands out (see the module docstring)
         self._workers: dict[str, WorkerInfo] = {}
         self._specs: dict[str, ModelSpecDoc] = {}
@@ -115,7 +126,7 @@ class ClusterState:
         self._breakers: dict[str, BreakerDoc] = {}
         self._statuses: set[str] = set()
         self._used: dict[str, int] = {}  # worker -> ClusterView.used_bytes, cleared as replicas/specs change
-        self._status_docs: dict[str, tuple[int, dict[str, Any] | None]] = {}  # model -> (revision, doc)
+        self._status_docs: dict[str, tuple[int, ModelStatusDoc | None]] = {}  # model -> (revision, doc)
         self._drains: set[str] = set()
         self._generation = 0
         self._listeners: list[Callable[[Changes], None]] = []
@@ -164,6 +175,7 @@ class ClusterState:
         """List etcd and apply all of it (then watch in the background)."""
         await self.mirror.start()
         await self.idle.wait()
+        self.rejections_publisher.start()
 
     @property
     def applying(self) -> bool:
@@ -171,6 +183,7 @@ class ClusterState:
         return not self.idle.is_set()
 
     async def stop(self) -> None:
+        await self.rejections_publisher.stop()
         await self.mirror.stop()
         if self._applier is not None:
             self._applier.cancel()
@@ -239,12 +252,10 @@ class ClusterState:
         changes = Changes()
         for key in keys:
             value = self._raw.get(key)
+            self._check(key, value)
             if value is None:
-                self._good.pop(key, None)
-                self.rejections.pop(key, None)
                 self._publish(EventType.DELETE, key, b"", self.revision)
             else:
-                self._check(key)
                 self._publish(EventType.PUT, key, value, self._revisions[key])
             self._index(key, changes)
         # a re-list is reported with its last chunk, once the indexes hold all of it
@@ -270,9 +281,9 @@ class ClusterState:
             elif (rid := k.parse_replica_key(key)) is not None:
                 self._index_replica((rid.model, rid.version, rid.worker), raw, changes)
             elif (dk := k.parse_demand_key(key)) is not None:
-                self._index_demand(*dk, raw, changes)
+                self._index_demand(key, *dk, raw, changes)
             elif (bm := k.parse_breaker_key(key)) is not None:
-                good = self._good.get(key)
+                good = self.operator_docs.get(key)
                 if good is None:
                     self._breakers.pop(bm, None)
                 else:
@@ -294,17 +305,17 @@ class ClusterState:
             for rkey in self._by_model.get(model, ()):
                 self._used.pop(rkey[2], None)
         if what == "routing":
-            value = None if raw is None else _parsed_or_none(lambda: docs.parse_routing(model, raw))
+            value = None if raw is None else _parsed_or_none(lambda: TrafficDoc.parse(key, raw))
         else:
-            value = self._good.get(key)
+            value = self.operator_docs.get(key)
         if value is None:
             target.pop(model, None)
         else:
             target[model] = value
 
-    def _index_demand(self, model: str, router: str, raw: bytes | None, changes: Changes) -> None:
+    def _index_demand(self, key: str, model: str, router: str, raw: bytes | None, changes: Changes) -> None:
         reports = self._demand.setdefault(model, {})
-        demand = _parsed_or_none(lambda: docs.parse_demand(model, router, raw)) if raw else None
+        demand = _parsed_or_none(lambda: Demand.parse(key, raw)) if raw else None
         if demand is None:
             reports.pop(router, None)
         else:
@@ -322,8 +333,10 @@ class ClusterState:
         old = self._workers.get(worker)
         new = None
         if record is not None:
-            load = self._raw.get(k.worker_load(worker))
-            new = _parsed_or_none(lambda: docs.parse_worker(worker, record, load, worker in self._drains))
+            load_key = k.worker_load(worker)
+            load = self._raw.get(load_key)
+            draining = worker in self._drains
+            new = _parsed_or_none(lambda: worker_info(k.worker(worker), record, load_key, load, draining))
         if new is None:
             self._workers.pop(worker, None)
         else:
@@ -343,7 +356,7 @@ class ClusterState:
         info = None
         if raw is not None:
             revision = self._revisions.get(key, 0)
-            info = _parsed_or_none(lambda: docs.parse_replica(model, version, worker, raw, revision))
+            info = _parsed_or_none(lambda: replica_info(key, raw, revision))
         if info is None:
             if self._replicas.pop(rkey, None) is not None:
                 changes.freed.add(worker)
@@ -363,28 +376,20 @@ class ClusterState:
             if not sub.offer((kind, key, value, revision)):
                 self._subscribers.discard(sub)  # a watcher that does not read is dropped, never waited for
 
-    def _check(self, key: str) -> None:
-        """Validate an operator-writable document as it arrives, keeping the last good one."""
+    def _check(self, key: str, raw: bytes | None) -> None:
+        """Apply the one rule to an operator-writable document as it arrives (the last good one stays)."""
         parsed = self._keys.parse_model_key(key)
-        parse: Callable[[str, bytes], Any]
-        if parsed is not None and parsed[1] in ("spec", "traffic"):
-            model, what = parsed
-            parse = docs.parse_spec if what == "spec" else docs.parse_traffic
-        elif (breaker_model := self._keys.parse_breaker_key(key)) is not None:
-            model, what, parse = breaker_model, "breaker", parse_breaker
-        else:
-            return
-        try:
-            self._good[key] = parse(model, self._raw[key])
-            self.rejections.pop(key, None)
-        except InvalidArgument as exc:
-            message = (
-                exc.message if isinstance(exc, InvalidArgument) else f"{what} of {model}: nested too deeply"
-            )
-            self.rejections[key] = message
-            self._on_rejected(what)
-            kept = "the last good value stays" if key in self._good else "nothing is in force"
-            log.warning("rejected %s: %s (%s)", key, message, kept)
+        if parsed is not None and parsed[1] == "spec":
+            self.operator_docs.apply(key, raw, ModelSpecDoc.parse, "spec")
+        elif parsed is not None and parsed[1] == "traffic":
+            self.operator_docs.apply(key, raw, TrafficDoc.parse, "traffic")
+        elif self._keys.parse_breaker_key(key) is not None:
+            self.operator_docs.apply(key, raw, BreakerDoc.parse, "breaker")
+
+    @property
+    def rejections(self) -> dict[str, str]:
+        """Operator documents whose current value was rejected: key -> why."""
+        return {key: r.reason for key, r in self.operator_docs.rejections.items()}
 
     # -- reading ---------------------------------------------------------------------------------------
     def raw(self, key: str) -> bytes | None:
@@ -394,7 +399,7 @@ class ClusterState:
         return self._revisions.get(key, 0)
 
     def spec(self, model: str) -> ModelSpecDoc | None:
-        return self._good.get(self._keys.model_spec(model))
+        return self.operator_docs.get(self._keys.model_spec(model))
 
     def status_models(self) -> set[str]:
         """Models with a published status key."""
@@ -408,7 +413,7 @@ class ClusterState:
         """Models whose breaker level was forced until a time (its expiry changes the level in force)."""
         return [m for m, b in self._breakers.items() if b.until]
 
-    def status_doc(self, model: str) -> dict[str, Any] | None:
+    def status_doc(self, model: str) -> ModelStatusDoc | None:
         """The model's published status, parsed once per revision (callers must not change it)."""
         key = self._keys.model_status(model)
         raw = self._raw.get(key)
@@ -419,11 +424,7 @@ class ClusterState:
         hit = self._status_docs.get(model)
         if hit is not None and hit[0] == revision:
             return hit[1]
-        try:
-            doc = json.loads(raw)
-        except ValueError:
-            doc = None
-        doc = doc if isinstance(doc, dict) else None
+        doc = _parsed_or_none(lambda: ModelStatusDoc.parse(key, raw))
         self._status_docs[model] = (revision, doc)
         return doc
 
@@ -449,3 +450,40 @@ def _parsed_or_none(parse: Callable[[], Any]) -> Any:
     except InvalidArgument as exc:
         log.debug("ignoring a document that does not parse: %s", exc.message)
         return None
+
+
+def worker_info(
+    key: str, record_raw: bytes, load_key: str, load_raw: bytes | None, draining: bool
+) -> WorkerInfo:
+    """The planner's view of a worker: its record, its load report (if any) and whether it is drained."""
+    record = WorkerRecord.parse(key, record_raw)
+    load = None if load_raw is None else LoadReport.parse(load_key, load_raw)
+    return WorkerInfo(
+        id=record.worker_id,
+        grpc=record.grpc,
+        zmq=record.zmq,
+        capacity_bytes=record.memory_capacity_bytes,
+        labels=record.labels,
+        stopped=bool(load and load.stopped),
+        draining=draining or bool(record.draining),  # a drain key, or the worker stopping
+        last_beat=load.last_beat if load else 0.0,
+        incarnation=record.incarnation,
+        device_room_bytes=load.device_room_bytes if load else None,
+    )
+
+
+def replica_info(key: str, raw: bytes, revision: int) -> ReplicaInfo:
+    """The planner's view of a replica record (memory and incarnation from its ``info``)."""
+    record = ReplicaRecord.parse(key, raw, revision=revision)
+    rid = key.split("/")[-3:]
+    return ReplicaInfo(
+        model=rid[0],
+        version=rid[1],
+        worker=rid[2],
+        state=record.state,
+        since=record.since,
+        reason=record.reason,
+        revision=revision,
+        memory_bytes=record.details.memory_bytes,
+        incarnation=record.details.incarnation,
+    )

@@ -3,8 +3,8 @@
 Invariants:
 - Nothing here does I/O. ``state.py`` builds a ``ClusterView`` from its etcd watches; ``plan.py`` turns
   a view into actions; tests build views by hand.
-- Documents that operators can write (spec, traffic, breakers) are parsed and validated (``docs.py``,
-  ``mcpcore.breaker``); a view only ever holds valid documents (the last good one when a write was
+- Documents are parsed and validated by their ``mcpcore.records`` types (``ModelSpecDoc``, ``TrafficDoc``
+  and ``Demand`` are those types); a view only ever holds valid documents (the last good one when a write was
   rejected). ``breakers`` holds the levels in force at ``now``: a forced level past its ``until`` is 0.
 - Replicas are indexed by model and by worker (``by_model``, ``by_worker``: the keys, a superset of
   ``replicas``' is allowed), so ``replicas_of`` and ``replicas_on`` cost what they return, not the cluster.
@@ -20,6 +20,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 
 from mcpcore.lifecycle import ReplicaState
+from mcpcore.records import Demand, ModelSpecDoc, TrafficDoc
 
 __all__ = [
     "ClusterView",
@@ -72,50 +73,6 @@ class ReplicaInfo:
     @property
     def key(self) -> ReplicaKey:
         return (self.model, self.version, self.worker)
-
-
-@dataclass(frozen=True)
-class TrafficDoc:
-    """A traffic split: all requests to ``stable`` but ``canary_percent`` to ``canary``."""
-
-    stable: str
-    canary: str | None = None
-    canary_percent: int = 0
-
-    @property
-    def versions(self) -> tuple[str, ...]:
-        return (self.stable,) if self.canary is None else (self.stable, self.canary)
-
-
-@dataclass(frozen=True)
-class ModelSpecDoc:
-    """The desired state of one model (``/mcp/models/<m>/spec``)."""
-
-    model: str
-    versions: tuple[str, ...]  # versions kept loaded (pinned); traffic may add more
-    replicas: int = 1  # copies of each needed version (0 with load_on_demand: none until asked for)
-    min_replicas: int = 0
-    max_replicas: int = 0  # 0 = replicas (no extra copies for hot models)
-    priority: int = 0  # higher wins placement and is never evicted for a lower one
-    memory_bytes: int = 0  # declared per replica; 0 = unknown until a replica is measured
-    labels: Mapping[str, str] = field(default_factory=dict)  # a worker must carry all of them
-    fallback_version: str | None = None  # breaker level 3 sends traffic here: kept loaded (1 copy)
-    load_on_demand: bool = False
-    latency_sensitivity: float = 0.5
-    max_batch_size: int = 0  # 0 = model.yaml's
-    max_queue_delay_us: int | None = None
-    paused_versions: tuple[str, ...] = ()  # PauseModel: kept loaded, PAUSED (no new traffic)
-
-
-@dataclass(frozen=True)
-class Demand:
-    """A router's report for one model (``/mcp/demand/<m>/<router>``)."""
-
-    model: str
-    router: str
-    requests: int = 0  # requests that found no copy (load on demand)
-    overflow: int = 0  # requests that found every copy at its bounded-load cap (hot model)
-    at: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,10 @@ The worker acts on level 1 and up (its models' max batch size halves); this modu
 of each model and reports changes through ``on_level(model, level)``.
 
 Invariants:
-- A document that does not parse (``parse_breaker``) is logged, counted (``on_rejected("breaker")``) and
-  ignored: the last good level of that model stays in force. A deleted key means level 0.
+- Breaker documents get the mesh's one rule for operator documents (``records.OperatorDocs``): one that
+  does not parse is logged, counted (``on_rejected("breaker")``), published to
+  ``/mcp/rejected/worker/<id>``, and the last good level of that model stays in force. A deleted key means
+  level 0.
 - ``until`` bounds an operator's forced level: once it has passed, the level in force is 0 until the
   document is replaced. An expiry timer re-evaluates at the earliest pending ``until``.
 - ``on_level`` is called on the event loop, once per change of the level in force, never for a repeat.
@@ -21,10 +23,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from mcpcore.breaker import BreakerDoc, parse_breaker
-from mcpcore.errors import InvalidArgument
 from mcpcore.keys import Keyspace
 from mcpcore.mirror import PrefixMirror
+from mcpcore.records import BreakerDoc, OperatorDocs, RejectionPublisher
 from mcpcore.store import EventType, Store
 
 __all__ = ["BreakerWatch", "level_in_force"]
@@ -48,11 +49,21 @@ class BreakerWatch:
         on_rejected: Callable[[str], None] = lambda key: None,
         on_error: Callable[[str], None] = lambda loop: None,
         clock: Callable[[], float] = time.time,
+        instance: str = "worker",
     ) -> None:
         self._keys = keys
         self._on_level = on_level
-        self._on_rejected = on_rejected
         self._on_error = on_error
+        self.operator_docs: OperatorDocs[BreakerDoc] = OperatorDocs(
+            "worker",
+            instance,
+            on_rejected=on_rejected,
+            on_change=lambda: self.rejections_publisher.changed(),  # noqa: PLW0108 - made next, from these
+            clock=clock,
+        )
+        self.rejections_publisher = RejectionPublisher(
+            store, keys.rejected("worker", instance), self.operator_docs.doc, on_error=on_error
+        )
         self._clock = clock
         self._docs: dict[str, BreakerDoc] = {}  # model -> last good document
         self._levels: dict[str, int] = {}  # model -> level in force (absent: 0)
@@ -76,8 +87,10 @@ class BreakerWatch:
         """Never waits for etcd: the mirror lists and watches in the background, retrying."""
         self.mirror.start_in_background()
         self._task = asyncio.create_task(self._expiries(), name="worker-breaker-expiry")
+        self.rejections_publisher.start()
 
     async def stop(self) -> None:
+        await self.rejections_publisher.stop()
         await self.mirror.stop()
         if self._task is not None:
             self._task.cancel()
@@ -93,17 +106,13 @@ class BreakerWatch:
         model = self._keys.parse_breaker_key(key)
         if model is None:
             return ""
-        if kind is EventType.DELETE:
+        doc = self.operator_docs.apply(
+            key, None if kind is EventType.DELETE else value, BreakerDoc.parse, "breaker"
+        )
+        if doc is None:
             self._docs.pop(model, None)
         else:
-            try:
-                self._docs[model] = parse_breaker(model, value)
-            except InvalidArgument as exc:
-                self._on_rejected("breaker")
-                why = exc.message if isinstance(exc, InvalidArgument) else "JSON nested too deeply"
-                kept = f"level {self.level(model)} stays in force"
-                log.warning("rejected breaker of %s: %s (%s)", model, why, kept)
-                return model
+            self._docs[model] = doc
         self._evaluate(model)
         self._rearm.set()
         return model

@@ -16,19 +16,18 @@ Routers retry only what provably did not start, so a drained worker fails no req
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from mcp_worker.batching import Dispatcher
 from mcp_worker.models import ModelManager
 from mcp_worker.registration import Registration
-from mcp_worker.zmq_server import TensorServer
-from mcpcore.errors import MCPError
+from mcp_worker.tensor_server.server import TensorServer
+from mcpcore.errors import InvalidArgument, MCPError
 from mcpcore.keys import Keyspace
 from mcpcore.lifecycle import ReplicaState
+from mcpcore.records import ReplicaRecord, WorkerRecord
 from mcpcore.store import Store
 
 __all__ = ["Drain"]
@@ -85,7 +84,7 @@ class Drain:
         others = (await self._store.get_prefix(self._keys.workers_prefix())).items
         if not any(
             (wk := self._keys.parse_worker_key(kv.key)) and not wk[1] and wk[0] != self._id
-            and not _doc(kv.value).get("draining")
+            and _serving(kv.key, kv.value)
             for kv in others
         ):  # fmt: skip
             log.info("drain of worker %s: no other worker to hand over to", self._id)
@@ -106,11 +105,11 @@ class Drain:
             found = False
             for kv in (await self._store.get_prefix(self._keys.replicas_prefix(model, version))).items:
                 rid = self._keys.parse_replica_key(kv.key)
-                if rid is None or rid.worker == self._id or _doc(kv.value).get("state") != "RUNNING":
+                if rid is None or rid.worker == self._id or not _running(kv.key, kv.value):
                     continue
                 if rid.worker not in serving:
                     record = await self._store.get(self._keys.worker(rid.worker))
-                    serving[rid.worker] = record is not None and not _doc(record.value).get("draining")
+                    serving[rid.worker] = record is not None and _serving(record.key, record.value)
                 if serving[rid.worker]:
                     found = True
                     break
@@ -119,9 +118,16 @@ class Drain:
         return True
 
 
-def _doc(raw: bytes) -> dict[str, Any]:
+def _running(key: str, raw: bytes) -> bool:
     try:
-        doc = json.loads(raw)
-    except ValueError:
-        return {}
-    return doc if isinstance(doc, dict) else {}
+        return ReplicaRecord.parse(key, raw).state is ReplicaState.RUNNING
+    except InvalidArgument:
+        return False
+
+
+def _serving(key: str, raw: bytes) -> bool:
+    """A registered worker that is not stopping (a record that does not parse serves nothing)."""
+    try:
+        return not WorkerRecord.parse(key, raw).draining
+    except InvalidArgument:
+        return False

@@ -2,7 +2,8 @@
 
 Invariants:
 - ``/mcp/workers/<id>`` and ``/mcp/workers/<id>/load`` live under one lease: when the worker dies, both
-  vanish within the TTL.
+  vanish within the TTL. Both are written through their ``mcpcore.records`` types (``WorkerRecord``,
+  ``LoadReport``), so the worker never writes a document its readers would refuse.
 - The record carries the process's incarnation (a fresh id per start) and is written by compare: created
   when absent, else taken over at the revision just read (a record left by an earlier process under the
   same id, or by this one before its lease was lost). The worker record, its load report and the real
@@ -24,16 +25,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from mcpcore.errors import FailedPrecondition, MCPError
+from mcpcore.errors import FailedPrecondition, InvalidArgument, MCPError
 from mcpcore.keys import Keyspace
 from mcpcore.lifecycle import Resync
+from mcpcore.records import LoadReport, WorkerRecord
 from mcpcore.store import Compare, KeepAlive, Put, Store
 
 __all__ = ["Registration", "effective_interval"]
@@ -116,8 +117,8 @@ class Registration:
             result = await self._store.txn(
                 [Compare(key, current.mod_revision if current else 0), *(w.compare for w in first)],
                 [
-                    Put(key, _json(self._record()), lease_id),
-                    Put(self._keys.worker_load(self._id), _json(self._stamped()), lease_id),
+                    Put(key, self._record_json(), lease_id),
+                    Put(self._keys.worker_load(self._id), self._report_json(), lease_id),
                     *(w.put for w in first),
                 ],
             )
@@ -147,8 +148,8 @@ class Registration:
 
     def _took_over(self, raw: bytes) -> None:
         try:
-            incarnation = json.loads(raw).get("incarnation", "")
-        except (ValueError, AttributeError):
+            incarnation = WorkerRecord.parse(self._keys.worker(self._id), raw).incarnation
+        except InvalidArgument:
             incarnation = ""
         mine = self._record().get("incarnation", "")
         if incarnation != mine:
@@ -163,7 +164,7 @@ class Registration:
             return False
         key = self._keys.worker(self._id)
         result = await self._store.txn(
-            [Compare(key, self._record_revision)], [Put(key, _json(self._record()), self._keeper.lease.id)]
+            [Compare(key, self._record_revision)], [Put(key, self._record_json(), self._keeper.lease.id)]
         )
         if result.succeeded:
             self._record_revision = result.revision
@@ -215,11 +216,17 @@ class Registration:
 
     async def _publish(self, lease_id: int) -> None:
         key = self._keys.worker_load(self._id)
-        revision = await self._store.put(key, _json(self._stamped()), lease=lease_id)
+        revision = await self._store.put(key, self._report_json(), lease=lease_id)
         if revision < self._seen_revision:
             self._rewound = True  # the loop registers again at once
             return
         self._seen_revision = revision
+
+    def _record_json(self) -> bytes:
+        return WorkerRecord.parse(self._keys.worker(self._id), self._record()).to_json()
+
+    def _report_json(self) -> bytes:
+        return LoadReport.parse(self._keys.worker_load(self._id), self._stamped()).to_json()
 
     def _stamped(self) -> dict[str, Any]:
         """The load report with the heartbeat interval in force (raised to 3x mean inference time)."""
@@ -236,7 +243,3 @@ class Registration:
         self.interval_s = interval
         report.update(heartbeat_interval_s=interval, last_beat=self._clock())
         return report
-
-
-def _json(value: Mapping[str, Any]) -> bytes:
-    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()

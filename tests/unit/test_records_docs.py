@@ -1,4 +1,5 @@
-"""The scheduler's etcd documents: every field validated, errors name the field, round trips hold."""
+"""The model, demand, worker and replica records (``mcpcore.records``) and the scheduler's views of them:
+every field validated, errors name the key and the field, round trips hold."""
 
 import contextlib
 import json
@@ -7,10 +8,26 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mcp_scheduler import docs
-from mcp_scheduler.view import Demand, ModelSpecDoc, TrafficDoc
+from mcp_scheduler.state import replica_info, worker_info
 from mcpcore.errors import InvalidArgument
 from mcpcore.lifecycle import ReplicaRecord, ReplicaState, Transition
+from mcpcore.records import Demand, ModelSpecDoc, TrafficDoc
+
+
+def spec_key(model):
+    return f"/mcp/models/{model}/spec"
+
+
+def traffic_key(model, what="traffic"):
+    return f"/mcp/models/{model}/{what}"
+
+
+def parse_worker(worker, record, load, draining):
+    return worker_info(f"/mcp/workers/{worker}", record, f"/mcp/workers/{worker}/load", load, draining)
+
+
+def parse_replica(model, version, worker, raw, revision):
+    return replica_info(f"/mcp/replicas/{model}/{version}/{worker}", raw, revision)
 
 
 def j(**body):
@@ -21,7 +38,7 @@ def j(**body):
 
 
 def test_spec_minimal_defaults_and_int_versions():
-    spec = docs.parse_spec("demo-mlp", j(versions=[1, "2"]))
+    spec = ModelSpecDoc.parse(spec_key("demo-mlp"), j(versions=[1, "2"]))
     assert spec == ModelSpecDoc(model="demo-mlp", versions=("1", "2"))
 
 
@@ -42,21 +59,21 @@ def test_spec_full_round_trip():
         max_queue_delay_us=500,
         paused_versions=("3",),
     )
-    raw = docs.spec_to_json(spec)
-    assert docs.parse_spec("demo-mlp", raw) == spec
+    raw = spec.to_json()
+    assert ModelSpecDoc.parse(spec_key("demo-mlp"), raw) == spec
     assert "model" not in json.loads(raw)  # the key names the model
 
 
 def test_spec_model_field_must_match_the_key():
-    assert docs.parse_spec("m", j(model="m", versions=["1"])).model == "m"
-    with pytest.raises(InvalidArgument, match='spec of m: model: names "other"'):
-        docs.parse_spec("m", j(model="other", versions=["1"]))
+    assert ModelSpecDoc.parse(spec_key("m"), j(model="m", versions=["1"])).model == "m"
+    with pytest.raises(InvalidArgument, match='/mcp/models/m/spec: model: names "other"'):
+        ModelSpecDoc.parse(spec_key("m"), j(model="other", versions=["1"]))
 
 
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ({}, "spec of m: versions: required"),
+        ({}, "/mcp/models/m/spec: versions: required"),
         ({"versions": []}, "versions: must list at least one version"),
         ({"versions": "1"}, "versions: expected a list of versions"),
         ({"versions": ["1", 1]}, "versions: version 1 is listed twice"),
@@ -92,25 +109,21 @@ def test_spec_model_field_must_match_the_key():
 )
 def test_spec_errors_name_the_field(body, message):
     with pytest.raises(InvalidArgument, match=message):
-        docs.parse_spec("m", json.dumps(body).encode())
+        ModelSpecDoc.parse(spec_key("m"), json.dumps(body).encode())
 
 
 def test_spec_accepts_nulls_where_optional_and_load_on_demand_zero():
-    spec = docs.parse_spec(
-        "m", j(versions=[2], replicas=0, load_on_demand=True, fallback_version=None, max_queue_delay_us=None)
+    spec = ModelSpecDoc.parse(
+        spec_key("m"),
+        j(versions=[2], replicas=0, load_on_demand=True, fallback_version=None, max_queue_delay_us=None),
     )
     assert (spec.replicas, spec.fallback_version, spec.max_queue_delay_us) == (0, None, None)
-    assert docs.parse_spec("m", j(versions=[1], fallback_version=1)).fallback_version == "1"
+    assert ModelSpecDoc.parse(spec_key("m"), j(versions=[1], fallback_version=1)).fallback_version == "1"
 
 
 def test_spec_to_json_rejects_an_invalid_doc():
-    with pytest.raises(InvalidArgument, match="spec of m: versions"):
-        docs.spec_to_json(ModelSpecDoc(model="m", versions=()))
-
-
-def test_spec_bad_model_name():
-    with pytest.raises(InvalidArgument, match="model name"):
-        docs.parse_spec("a/b", j(versions=["1"]))
+    with pytest.raises(InvalidArgument, match="/mcp/models/m/spec: versions"):
+        ModelSpecDoc(model="m", versions=()).to_json()
 
 
 # --- traffic and routing ---------------------------------------------------------------------------------
@@ -118,9 +131,9 @@ def test_spec_bad_model_name():
 
 def test_traffic_operator_format():
     raw = b'{"stable": "1", "canary": "2", "canary_percent": 10}'
-    assert docs.parse_traffic("demo-mlp", raw) == TrafficDoc("1", "2", 10)
-    assert docs.parse_traffic("demo-mlp", b'{"stable": 3}') == TrafficDoc("3")
-    assert docs.parse_traffic("m", b'{"stable": 1, "canary": null}') == TrafficDoc("1")
+    assert TrafficDoc.parse(traffic_key("demo-mlp"), raw) == TrafficDoc("1", "2", 10)
+    assert TrafficDoc.parse(traffic_key("demo-mlp"), b'{"stable": 3}') == TrafficDoc("3")
+    assert TrafficDoc.parse(traffic_key("m"), b'{"stable": 1, "canary": null}') == TrafficDoc("1")
 
 
 @pytest.mark.parametrize(
@@ -128,7 +141,7 @@ def test_traffic_operator_format():
     [
         (
             {"stable": "1", "canary": "2", "canary_percent": 150},
-            "traffic of demo-mlp: canary_percent: must be 0..100, got 150",
+            "/mcp/models/demo-mlp/traffic: canary_percent: must be 0..100, got 150",
         ),
         ({"stable": "1", "canary": "2", "canary_percent": -1}, "canary_percent: must be 0..100, got -1"),
         ({"stable": "1", "canary": "2", "canary_percent": 5.5}, "canary_percent: expected an integer"),
@@ -143,23 +156,23 @@ def test_traffic_operator_format():
 )
 def test_traffic_errors(body, message):
     with pytest.raises(InvalidArgument, match=message):
-        docs.parse_traffic("demo-mlp", json.dumps(body).encode())
+        TrafficDoc.parse(traffic_key("demo-mlp"), json.dumps(body).encode())
 
 
 @pytest.mark.parametrize("doc", [TrafficDoc("1"), TrafficDoc("1", "2", 0), TrafficDoc("4", "12", 100)])
 def test_traffic_and_routing_round_trip(doc):
-    assert docs.parse_traffic("m", docs.traffic_to_json(doc)) == doc
-    assert docs.parse_routing("m", docs.routing_to_json(doc)) == doc
+    assert TrafficDoc.parse(traffic_key("m"), doc.to_json()) == doc
+    assert TrafficDoc.parse(traffic_key("m", "routing"), doc.to_json()) == doc
 
 
 def test_routing_errors_say_routing():
-    with pytest.raises(InvalidArgument, match="routing of m: canary_percent"):
-        docs.parse_routing("m", b'{"stable": "1", "canary_percent": 10}')
+    with pytest.raises(InvalidArgument, match="/mcp/models/m/routing: canary_percent"):
+        TrafficDoc.parse(traffic_key("m", "routing"), b'{"stable": "1", "canary_percent": 10}')
 
 
 def test_traffic_to_json_validates():
     with pytest.raises(InvalidArgument, match="canary: must differ"):
-        docs.traffic_to_json(TrafficDoc("1", "1", 10))
+        TrafficDoc("1", "1", 10).to_json()
 
 
 # --- not JSON at all -------------------------------------------------------------------------------------
@@ -168,23 +181,23 @@ def test_traffic_to_json_validates():
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        (b"", "not valid JSON"),
-        (b"{", "not valid JSON"),
+        (b"", "not JSON"),
+        (b"{", "not JSON"),
         (b"\xff\xfe\x00", "not UTF-8 text"),
         (b"[1, 2]", "expected a JSON object, got a list"),
         (b'"1"', 'expected a JSON object, got "1"'),
         (b"null", "expected a JSON object, got null"),
-        (b'{"stable": NaN}', "not valid JSON \\(NaN is not allowed\\)"),
-        (b"[" * 100000, "not valid JSON"),
+        (b'{"stable": NaN}', "not JSON \\(NaN is not allowed\\)"),
+        (b"[" * 100000, "not JSON"),
     ],
 )
 def test_non_json_is_invalid_argument(raw, message):
     for parse in (
-        lambda r: docs.parse_spec("m", r),
-        lambda r: docs.parse_traffic("m", r),
-        lambda r: docs.parse_demand("m", "r1", r),
-        lambda r: docs.parse_worker("w1", r, None, False),
-        lambda r: docs.parse_replica("m", "1", "w1", r, 3),
+        lambda r: ModelSpecDoc.parse(spec_key("m"), r),
+        lambda r: TrafficDoc.parse(traffic_key("m"), r),
+        lambda r: Demand.parse("/mcp/demand/m/r1", r),
+        lambda r: parse_worker("w1", r, None, False),
+        lambda r: parse_replica("m", "1", "w1", r, 3),
     ):
         with pytest.raises(InvalidArgument, match=message):
             parse(raw)
@@ -193,11 +206,11 @@ def test_non_json_is_invalid_argument(raw, message):
 @given(st.binary(max_size=64) | st.text(max_size=64).map(str.encode))
 def test_garbage_only_ever_raises_invalid_argument(raw):
     for parse in (
-        lambda r: docs.parse_spec("m", r),
-        lambda r: docs.parse_traffic("m", r),
-        lambda r: docs.parse_demand("m", "r1", r),
-        lambda r: docs.parse_worker("w1", b'{"grpc": "g", "zmq": "z", "memory_capacity_bytes": 1}', r, False),
-        lambda r: docs.parse_replica("m", "1", "w1", r, 3),
+        lambda r: ModelSpecDoc.parse(spec_key("m"), r),
+        lambda r: TrafficDoc.parse(traffic_key("m"), r),
+        lambda r: Demand.parse("/mcp/demand/m/r1", r),
+        lambda r: parse_worker("w1", b'{"grpc": "g", "zmq": "z", "memory_capacity_bytes": 1}', r, False),
+        lambda r: parse_replica("m", "1", "w1", r, 3),
     ):
         with contextlib.suppress(InvalidArgument):
             parse(raw)
@@ -225,11 +238,11 @@ FIELDS = (
 def test_wrong_types_only_ever_raise_invalid_argument(body):
     raw = json.dumps(body).encode()
     for parse in (
-        lambda r: docs.parse_spec("m", r),
-        lambda r: docs.parse_traffic("m", r),
-        lambda r: docs.parse_demand("m", "r1", r),
-        lambda r: docs.parse_worker("w1", r, r, False),
-        lambda r: docs.parse_replica("m", "1", "w1", r, 3),
+        lambda r: ModelSpecDoc.parse(spec_key("m"), r),
+        lambda r: TrafficDoc.parse(traffic_key("m"), r),
+        lambda r: Demand.parse("/mcp/demand/m/r1", r),
+        lambda r: parse_worker("w1", r, r, False),
+        lambda r: parse_replica("m", "1", "w1", r, 3),
     ):
         with contextlib.suppress(InvalidArgument):
             parse(raw)
@@ -240,24 +253,23 @@ def test_wrong_types_only_ever_raise_invalid_argument(body):
 
 def test_demand_round_trip_and_defaults():
     d = Demand(model="m", router="r1", requests=3, overflow=2, at=12.5)
-    assert docs.parse_demand("m", "r1", docs.demand_to_json(d)) == d
-    assert docs.parse_demand("m", "r1", b"{}") == Demand(model="m", router="r1")
+    assert Demand.parse("/mcp/demand/m/r1", d.to_json()) == d
+    assert Demand.parse("/mcp/demand/m/r1", b"{}") == Demand(model="m", router="r1")
 
 
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ({"requests": -1}, "demand for m from r1: requests: must be >= 0"),
+        ({"requests": -1}, "/mcp/demand/m/r1: requests: must be >= 0"),
         ({"overflow": "x"}, "overflow: expected an integer"),
         ({"at": "now"}, "at: expected a finite number"),
         ({"at": 10**400}, "at: expected a finite number"),
         ({"at": -1}, "at: must be >= 0"),
-        ({"request": 1}, "request: unknown field \\(did you mean 'requests'\\?\\)"),
     ],
 )
 def test_demand_errors(body, message):
     with pytest.raises(InvalidArgument, match=message):
-        docs.parse_demand("m", "r1", json.dumps(body).encode())
+        Demand.parse("/mcp/demand/m/r1", json.dumps(body).encode())
 
 
 # --- worker record and load report -----------------------------------------------------------------------
@@ -271,27 +283,27 @@ RECORD = {
     "memory_capacity_bytes": 8 << 30,
     "devices": [],
     "started_at": 100.0,
-    "curve_public_key": "abc",
+    "curve_public_key": "",
 }
 
 
 def test_worker_from_the_workers_record_and_report():
     load = {"worker_id": "w1", "queue_depth": 3, "stopped": "", "last_beat": 123.5, "models": {}}
-    w = docs.parse_worker("w1", json.dumps(RECORD).encode(), json.dumps(load).encode(), draining=True)
+    w = parse_worker("w1", json.dumps(RECORD).encode(), json.dumps(load).encode(), draining=True)
     assert (w.id, w.grpc, w.zmq, w.capacity_bytes) == ("w1", "10.0.0.1:7001", "tcp://10.0.0.1:7002", 8 << 30)
     assert (dict(w.labels), w.stopped, w.draining, w.last_beat) == ({"gpu": "h200"}, False, True, 123.5)
 
 
 def test_worker_stopped_and_no_report():
     raw = json.dumps(RECORD).encode()
-    assert docs.parse_worker("w1", raw, b'{"stopped": "operator said so"}', False).stopped
-    w = docs.parse_worker("w1", raw, None, False)
+    assert parse_worker("w1", raw, b'{"stopped": "operator said so"}', False).stopped
+    w = parse_worker("w1", raw, None, False)
     assert (w.stopped, w.last_beat) == (False, 0.0)
 
 
 def test_worker_measured_free_device_memory_from_the_report():
     def measured(load):
-        return docs.parse_worker("w1", json.dumps(RECORD).encode(), load, False).device_room_bytes
+        return parse_worker("w1", json.dumps(RECORD).encode(), load, False).device_room_bytes
 
     assert measured(b'{"device_room_bytes": 3221225472}') == 3 << 30
     assert measured(b'{"device_room_bytes": 0}') == 0
@@ -303,15 +315,15 @@ def test_worker_measured_free_device_memory_from_the_report():
 @pytest.mark.parametrize(
     ("change", "load", "message"),
     [
-        ({"grpc": None}, None, "worker record of w1: grpc: expected a non-empty string"),
+        ({"grpc": None}, None, "/mcp/workers/w1: grpc: expected a non-empty string"),
         ({"zmq": ""}, None, "zmq: expected a non-empty string"),
         ({"memory_capacity_bytes": -1}, None, "memory_capacity_bytes: must be >= 0"),
         ({"memory_capacity_bytes": "8G"}, None, "memory_capacity_bytes: expected an integer"),
         ({"labels": {"gpu": 1}}, None, "labels.gpu: expected a string"),
         ({"worker_id": "w2"}, None, 'worker_id: names "w2"'),
-        ({}, {"stopped": 1}, "load report of w1: stopped: expected the stop reason"),
-        ({}, {"last_beat": "x"}, "load report of w1: last_beat: expected a finite number"),
-        ({}, {"device_room_bytes": -1}, "load report of w1: device_room_bytes: must be >= 0, got -1"),
+        ({}, {"stopped": 1}, "/mcp/workers/w1/load: stopped: expected the stopped reason"),
+        ({}, {"last_beat": "x"}, "/mcp/workers/w1/load: last_beat: expected a finite number"),
+        ({}, {"device_room_bytes": -1}, "/mcp/workers/w1/load: device_room_bytes: must be >= 0, got -1"),
         ({}, {"device_room_bytes": 1.5}, "device_room_bytes: expected an integer, got 1.5"),
         ({}, {"device_room_bytes": "8G"}, 'device_room_bytes: expected an integer, got "8G"'),
         ({}, {"device_room_bytes": True}, "device_room_bytes: expected an integer, got true"),
@@ -322,13 +334,13 @@ def test_worker_errors(change, load, message):
     record = {**RECORD, **change}
     with pytest.raises(InvalidArgument, match=message):
         raw_load = None if load is None else json.dumps(load).encode()
-        docs.parse_worker("w1", json.dumps(record).encode(), raw_load, False)
+        parse_worker("w1", json.dumps(record).encode(), raw_load, False)
 
 
 def test_worker_record_missing_field():
     record = {k: v for k, v in RECORD.items() if k != "memory_capacity_bytes"}
     with pytest.raises(InvalidArgument, match="memory_capacity_bytes: required"):
-        docs.parse_worker("w1", json.dumps(record).encode(), None, False)
+        parse_worker("w1", json.dumps(record).encode(), None, False)
 
 
 # --- replica records -------------------------------------------------------------------------------------
@@ -342,7 +354,7 @@ def test_replica_from_a_lifecycle_record():
         history=(Transition(ReplicaState.READY, ReplicaState.RUNNING, 50.0, "running"),),
         info={"memory_bytes": 4096, "zmq": "tcp://x"},
     )
-    r = docs.parse_replica("demo-mlp", "2", "w1", record.to_json(), 17)
+    r = parse_replica("demo-mlp", "2", "w1", record.to_json(), 17)
     assert (r.key, r.state, r.since, r.reason, r.revision, r.memory_bytes) == (
         ("demo-mlp", "2", "w1"),
         ReplicaState.RUNNING,
@@ -351,27 +363,26 @@ def test_replica_from_a_lifecycle_record():
         17,
         4096,
     )
-    assert docs.parse_replica("m", "1", "w1", b'{"state": "IDLE", "since": 1}', 1).memory_bytes == 0
+    assert parse_replica("m", "1", "w1", b'{"state": "IDLE", "since": 1}', 1).memory_bytes == 0
 
 
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        (b'{"state": "BOGUS", "since": 1}', "replica m/1@w1 is not valid"),
-        (b'{"since": 1}', "replica m/1@w1 is not valid"),
-        (b'{"state": "READY", "since": "soon"}', "replica m/1@w1 is not valid"),
+        (b'{"state": "BOGUS", "since": 1}', "/mcp/replicas/m/1/w1: state: expected one of IDLE, "),
+        (b'{"since": 1}', "/mcp/replicas/m/1/w1: state: required"),
+        (b'{"state": "READY", "since": "soon"}', "/mcp/replicas/m/1/w1: since: expected a finite number"),
         (b'{"state": "READY", "since": 1e999}', "since: expected a finite number"),
-        (b'{"state": "READY", "since": 1' + b"0" * 400 + b"}", "replica m/1@w1"),
-        (b'{"state": "READY", "since": 1, "transitions": [1]}', "replica m/1@w1 is not valid"),
-        (b'{"state": "READY", "since": 1, "info": {"memory_bytes": -1}}', "info.memory_bytes: expected an"),
-        (b'{"state": "READY", "since": 1, "info": {"memory_bytes": "1G"}}', "info.memory_bytes"),
+        (b'{"state": "READY", "since": 1' + b"0" * 400 + b"}", "/mcp/replicas/m/1/w1: since: expected a"),
+        (b'{"state": "READY", "since": 1, "transitions": [1]}', "transitions\\[0\\]: expected a JSON object"),
+        (b'{"state": "READY", "since": 1, "info": {"memory_bytes": -1}}', "info: memory_bytes: must be >= 0"),
+        (
+            b'{"state": "READY", "since": 1, "info": {"memory_bytes": "1G"}}',
+            "info: memory_bytes: expected an",
+        ),
+        (b'{"state": "READY", "since": 1, "info": []}', "/mcp/replicas/m/1/w1: info: expected an object"),
     ],
 )
 def test_replica_errors(raw, message):
     with pytest.raises(InvalidArgument, match=message):
-        docs.parse_replica("m", "1", "w1", raw, 1)
-
-
-def test_replica_bad_key_parts():
-    with pytest.raises(InvalidArgument, match="version"):
-        docs.parse_replica("m", "v1", "w1", b'{"state": "IDLE", "since": 1}', 1)
+        parse_replica("m", "1", "w1", raw, 1)
