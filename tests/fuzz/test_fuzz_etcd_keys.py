@@ -29,11 +29,11 @@ from hypothesis import strategies as st
 
 from mcpapi.kserve import grpc_service_pb2 as pb
 from mcpapi.kserve import grpc_service_pb2_grpc as pb_grpc
-from mcpcore.breaker import parse_breaker, parse_policy
 from mcpcore.errors import InvalidArgument
 from mcpcore.etcd_store import EtcdStore
 from mcpcore.keys import Keyspace
 from mcpcore.records import ModelSpecDoc, TrafficDoc
+from mcpcore.records.breaker import BreakerDoc, BreakerPolicy
 
 MODEL = "demo-mlp"
 X = np.random.default_rng(9).random((1, 64), dtype=np.float32)
@@ -167,7 +167,7 @@ def test_hostile_traffic(mesh, etcd_endpoint, keys, stable_2, raw: bytes) -> Non
 @fuzz_settings(8)
 @given(raw=hostile(_BREAKER))
 def test_hostile_breaker(mesh, etcd_endpoint, keys, stable_2, raw: bytes) -> None:  # type: ignore[no-untyped-def]
-    assume(is_garbage(lambda r: parse_breaker(MODEL, r), raw))
+    assume(is_garbage(lambda r: BreakerDoc.parse(f"breaker of {MODEL}", r), raw))
     key = keys.breaker(MODEL)
     _check(
         mesh,
@@ -181,7 +181,7 @@ def test_hostile_breaker(mesh, etcd_endpoint, keys, stable_2, raw: bytes) -> Non
 @fuzz_settings(8)
 @given(raw=hostile(_POLICY))
 def test_hostile_breaker_policy(mesh, etcd_endpoint, keys, stable_2, raw: bytes) -> None:  # type: ignore[no-untyped-def]
-    assume(is_garbage(parse_policy, raw))
+    assume(is_garbage(lambda r: BreakerPolicy.parse("breaker policy", r), raw))
     _check(mesh, etcd_endpoint, keys.breaker_config(), raw, [(mesh.router, "breaker_policy")])
 
 

@@ -4,17 +4,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mcpcore.breaker import (
-    DEFAULT_POLICY,
-    BreakerPolicy,
-    LevelRule,
-    format_duration,
-    parse_policy,
-    policy_to_json,
-    secondary_outputs_off,
-)
+from mcpcore.breaker import secondary_outputs_off
 from mcpcore.config import parse_duration
 from mcpcore.errors import InvalidArgument
+from mcpcore.records.breaker import DEFAULT_POLICY, BreakerPolicy, LevelRule, format_duration
 
 ARTICLE = {
     "levels": [
@@ -46,8 +39,8 @@ def policy_json(**changes) -> bytes:
 
 
 def test_default_policy_is_the_articles():
-    assert parse_policy(json.dumps(ARTICLE).encode()) == DEFAULT_POLICY
-    assert json.loads(policy_to_json(DEFAULT_POLICY)) == ARTICLE
+    assert BreakerPolicy.parse("breaker policy", json.dumps(ARTICLE).encode()) == DEFAULT_POLICY
+    assert json.loads(DEFAULT_POLICY.to_json()) == ARTICLE
     assert DEFAULT_POLICY.metrics_window_s == 30.0 and DEFAULT_POLICY.cool_down_s == 300.0
     assert DEFAULT_POLICY.min_requests == 20
     assert [r.threshold for r in DEFAULT_POLICY.levels] == [0.3, 0.6, 0.9]
@@ -55,14 +48,16 @@ def test_default_policy_is_the_articles():
 
 
 def test_round_trip_keeps_min_requests_and_odd_durations():
-    policy = parse_policy(policy_json(min_requests=5, metrics_window="1h30m", cool_down=90))
+    policy = BreakerPolicy.parse(
+        "breaker policy", policy_json(min_requests=5, metrics_window="1h30m", cool_down=90)
+    )
     assert policy.min_requests == 5 and policy.metrics_window_s == 5400.0 and policy.cool_down_s == 90.0
-    assert parse_policy(policy_to_json(policy)) == policy
+    assert BreakerPolicy.parse("breaker policy", policy.to_json()) == policy
 
 
 def test_one_level_without_params_is_enough():
     raw = b'{"levels": [{"threshold": 0.5, "action": "reduce_batch_size"}], "metrics_window": "10s", '
-    policy = parse_policy(raw + b'"cool_down": "1m"}')
+    policy = BreakerPolicy.parse("breaker policy", raw + b'"cool_down": "1m"}')
     assert policy.levels == (LevelRule(0.5, "reduce_batch_size"),)
     assert policy.target(0.49) == 0 and policy.target(0.5) == 1 and policy.target(1.0) == 1
 
@@ -76,7 +71,7 @@ def test_levels_and_targets():
 def test_params_are_read_only_and_policy_hashable():
     with pytest.raises(TypeError):
         DEFAULT_POLICY.levels[0].params["ratio"] = 0.9  # type: ignore[index]
-    assert hash(DEFAULT_POLICY) == hash(parse_policy(policy_to_json(DEFAULT_POLICY)))
+    assert hash(DEFAULT_POLICY) == hash(BreakerPolicy.parse("breaker policy", DEFAULT_POLICY.to_json()))
 
 
 @pytest.mark.parametrize(
@@ -126,12 +121,12 @@ def test_params_are_read_only_and_policy_hashable():
 )
 def test_each_bad_field_is_named(raw, match):
     with pytest.raises(InvalidArgument, match=match):
-        parse_policy(raw)
+        BreakerPolicy.parse("breaker policy", raw)
 
 
 def test_message_is_exact_for_the_operator():
     with pytest.raises(InvalidArgument) as caught:
-        parse_policy(policy_json(levels__1__threshold=0.2))
+        BreakerPolicy.parse("breaker policy", policy_json(levels__1__threshold=0.2))
     assert caught.value.message == (
         "breaker policy: levels[1].threshold: must be above levels[0].threshold (0.3), got 0.2"
     )
@@ -140,19 +135,19 @@ def test_message_is_exact_for_the_operator():
 def test_non_finite_threshold_is_rejected():
     raw = policy_json().replace(b'"threshold": 0.9', b'"threshold": NaN')  # Python's json reads NaN
     with pytest.raises(InvalidArgument, match=r"breaker policy: not JSON \(NaN is not allowed\)"):
-        parse_policy(raw)
+        BreakerPolicy.parse("breaker policy", raw)
 
 
 def test_deep_nesting_is_invalid_argument_not_recursion_error():
     with pytest.raises(InvalidArgument, match="breaker policy: not JSON"):
-        parse_policy(b"[" * 100_000 + b"]" * 100_000)
+        BreakerPolicy.parse("breaker policy", b"[" * 100_000 + b"]" * 100_000)
     deep_params = b'{"levels": [{"threshold": 0.3, "action": "reduce_batch_size", "params": {"ratio": '
     deep_params += b"[" * 100_000 + b"]" * 100_000 + b'}}], "metrics_window": "30s", "cool_down": "5m"}'
     with pytest.raises(InvalidArgument, match="breaker policy: not JSON"):
-        parse_policy(deep_params)
+        BreakerPolicy.parse("breaker policy", deep_params)
     shallow = deep_params.replace(b"[" * 100_000, b"[" * 50).replace(b"]" * 100_000, b"]" * 50)
     with pytest.raises(InvalidArgument, match=r"levels\[0\].params.ratio: must be a number"):
-        parse_policy(shallow)
+        BreakerPolicy.parse("breaker policy", shallow)
 
 
 def test_direct_construction_is_validated_too():

@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mcp_health.levels import BreakerController, Decision, error_rate
-from mcpcore.breaker import DEFAULT_POLICY, BreakerDoc, breaker_to_json, parse_breaker
 from mcpcore.errors import InvalidArgument
+from mcpcore.records.breaker import DEFAULT_POLICY, BreakerDoc
 
 COOL = DEFAULT_POLICY.cool_down_s  # 300 s
 MANY = 412  # requests: well above min_requests
@@ -81,7 +81,7 @@ def test_rates_raise_levels_at_once_from_closed(rate, level, threshold):
         reason=f"error rate {rate:.2f} >= {threshold} over 30s ({MANY} requests)",
         doc=BreakerDoc(level=level, reason=decision.reason, since=100.0, set_by="health", until=None),
     )
-    assert parse_breaker("m", breaker_to_json(decision.doc)) == decision.doc
+    assert BreakerDoc.parse("breaker of m", decision.doc.to_json()) == decision.doc
 
 
 def test_reason_reads_like_the_design():
@@ -191,7 +191,11 @@ def test_forced_high_level_expires_to_closed_and_evaluation_starts_afresh():
 
 
 def test_forced_level_without_expiry_is_permanent():
-    for doc in (BreakerDoc(level=2, set_by="ops"), BreakerDoc(level=0), parse_breaker("m", b'{"level": 1}')):
+    for doc in (
+        BreakerDoc(level=2, set_by="ops"),
+        BreakerDoc(level=0),
+        BreakerDoc.parse("breaker of m", b'{"level": 1}'),
+    ):
         model = Model(doc=doc)
         for t, rate in ((0.0, 0.95), (1e6, 0.0), (1e9, 1.0)):
             assert model.tick(rate, t) is None

@@ -27,11 +27,7 @@ __all__ = [
     "BreakerDoc",
     "BreakerPolicy",
     "LevelRule",
-    "breaker_to_json",
     "format_duration",
-    "parse_breaker",
-    "parse_policy",
-    "policy_to_json",
     "secondary_outputs_off",
 ]
 
@@ -42,21 +38,3 @@ def secondary_outputs_off(secondary: Sequence[str], features: Sequence[str]) -> 
     models, like the article's ``["recommend", "ranking"]``, must not leave level 2 doing nothing)."""
     named = frozenset(secondary) & frozenset(features)
     return named or frozenset(secondary)
-
-
-def parse_breaker(model: str, raw: bytes) -> BreakerDoc:
-    """``BreakerDoc.parse`` for a caller that holds the model, not the key: errors say "breaker of <m>"."""
-    return BreakerDoc.parse(f"breaker of {model}", raw)
-
-
-def breaker_to_json(doc: BreakerDoc) -> bytes:
-    return doc.to_json()
-
-
-def parse_policy(raw: bytes) -> BreakerPolicy:
-    """``BreakerPolicy.parse`` for a policy read from no key (a file, a test): errors say "breaker policy"."""
-    return BreakerPolicy.parse("breaker policy", raw)
-
-
-def policy_to_json(policy: BreakerPolicy) -> bytes:
-    return policy.to_json()
