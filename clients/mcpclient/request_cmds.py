@@ -6,7 +6,7 @@ Invariants:
   a usage error (exit 2) naming the option and what is wrong, never a traceback.
 - ``infer`` takes its inputs as ``--input NAME=FILE.npy`` (the array's own dtype and shape) or
   ``--input NAME=JSON`` (a nested list, of ``--dtype``); without ``--input``, one random FP32 ``INPUT0`` of
-  ``--shape`` (default 1,64), as before. Elements are fixed-size types: BYTES tensors have no form in
+  ``--shape`` (default 1,64). Elements are fixed-size types: BYTES tensors have no form in
   ``mcpapi.v2.Tensor`` (its data is prod(shape) * itemsize bytes), so they are refused here.
 """
 

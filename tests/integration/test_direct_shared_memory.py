@@ -112,7 +112,7 @@ def test_outputs_stay_valid_while_held_and_a_free_region_is_reused(mesh) -> None
         first = client.infer(MODEL, {"INPUT": x1}, direct=True)["OUTPUT"]
         kept = first.copy()
         second = client.infer(MODEL, {"INPUT": x2}, direct=True)["OUTPUT"]
-        pool = client._client._fwd.lender.regions
+        pool = client._client._direct.forwarder.lender.regions
         assert pool is not None and pool.created == 2  # the first region was still held by `first`
         assert np.array_equal(first, kept)  # not overwritten by the second request
         assert np.array_equal(second, _relu(x2))
@@ -352,7 +352,7 @@ def test_an_abandoned_request_spoils_its_region(mesh) -> None:
     the worker may have written into it after the client stopped waiting."""
     with _client(mesh) as client:
         client.infer(MODEL, {"INPUT": _x(9)}, direct=True)
-        pool = client._client._fwd.lender.regions
+        pool = client._client._direct.forwarder.lender.regions
         gc.collect()
         assert pool is not None and pool.idle == 1  # its outputs are gone: the region is back
         os.kill(mesh.worker.proc.pid, signal.SIGSTOP)  # frozen: the next request times out, abandoned

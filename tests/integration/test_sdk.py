@@ -52,8 +52,8 @@ from mcpclient import (
     MeshClient,
     NotFound,
     Unavailable,
+    async_client,
 )
-from mcpclient import client as client_module
 from mcpcore import wire
 from mcpcore.keys import Keyspace
 
@@ -172,7 +172,7 @@ def test_same_host_senders_reach_the_worker_by_its_local_endpoint(
         for key in ("a", "b", "c", "d", "e", "f"):  # sticky keys: most likely both workers
             out = client.infer(MODEL, {"INPUT0": x}, version="1", key=key, direct=True)
             np.testing.assert_allclose(out["OUTPUT0"], want, rtol=1e-5, atol=1e-6)
-        links = client._client._fwd._links  # which address each link took is the point
+        links = client._client._direct.forwarder._links  # which address each link took is the point
         assert links and {w: link.address for w, link in links.items()} == {w: expected[w] for w in links}
     for router in cluster.routers:
         addresses = _router_links(router)
@@ -189,7 +189,7 @@ def test_a_worker_without_its_local_endpoint_is_reached_over_tcp(
         assert out["OUTPUT0"].shape == (4, 16) and client.stats.direct == 1
         route = client.route(MODEL)
         assert wire.FEATURE_LOCAL not in route.zmq_features and wire.FEATURE_BATCH in route.zmq_features
-        links = client._client._fwd._links
+        links = client._client._direct.forwarder._links
         assert [link.address for link in links.values()] == [route.endpoint]
         assert _router_links(started[2]) == {route.worker_id: route.endpoint}
 
@@ -277,7 +277,7 @@ def _route_worker(cluster: Cluster) -> str:
 def test_a_request_the_worker_did_not_start_goes_through_the_router(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(client_module, "MAX_ROUTE_TTL_S", 60.0)  # the stale route must outlive the unload
+    monkeypatch.setattr(async_client, "MAX_ROUTE_TTL_S", 60.0)  # the stale route must outlive the unload
     with cluster.client(route_ttl_s=60.0) as client:
         x = _x()
         client.infer(MODEL, {"INPUT0": x}, version="1", key="moved", direct=True)  # caches the route
@@ -442,7 +442,7 @@ def test_the_direct_path_speaks_curve_to_a_worker_that_requires_it(
         np.testing.assert_allclose(out["OUTPUT0"], mlp_reference(repo, MODEL, "1", x), rtol=1e-5, atol=1e-6)
         # without the key the handshake would never complete and the request would go by the router
         assert (client.stats.direct, client.stats.fallbacks) == (1, 0)
-        [link] = client._client._fwd._links.values()
+        [link] = client._client._direct.forwarder._links.values()
         assert link.address.startswith("ipc://@mcpmesh-" if local else "tcp://127.0.0.1:")
 
 
@@ -459,7 +459,7 @@ def test_a_link_with_requests_in_flight_stays_open_when_its_routes_go(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Routes are dropped on any failure; the link they named must not close under requests still out."""
-    monkeypatch.setattr(client_module, "MAX_ROUTE_TTL_S", 60.0)
+    monkeypatch.setattr(async_client, "MAX_ROUTE_TTL_S", 60.0)
     with cluster.client(route_ttl_s=60.0) as client:
         key_a, key_b = _keys_on_two_workers(client)
         worker_a = cluster.worker(client.route(MODEL, key_a, version="1").worker_id)
@@ -474,7 +474,7 @@ def test_a_link_with_requests_in_flight_stays_open_when_its_routes_go(
             )
             sender.start()
             wait_for(lambda: client.in_flight == 1, what="the request out to A")
-            client._client._forget(MODEL)  # what a failed request of another key does to the cache
+            client._client._routes.forget(MODEL)  # what a failed request of another key does to the cache
             client.infer(MODEL, {"INPUT0": _x()}, version="1", key=key_b, direct=True)  # opens B's link
         finally:
             os.kill(worker_a.proc.pid, signal.SIGCONT)
@@ -644,7 +644,7 @@ def test_a_worker_restarted_at_the_same_endpoint_is_reached_at_its_new_local_nam
         assert client.route(MODEL).endpoint == before.endpoint
         out = wait_for(lambda: _direct_answer(client), timeout_s=10, what="a direct answer")
         assert out["OUTPUT0"].shape == (4, 16)
-        [link] = client._client._fwd._links.values()
+        [link] = client._client._direct.forwarder._links.values()
         route = client.route(MODEL)
         assert link.address == wire.local_endpoint("w-port", route.incarnation, route.endpoint)
 

@@ -379,7 +379,7 @@ def _router_link(mesh: Secured) -> tuple[list[str], str]:
 
 
 def _direct_link(client: MeshClient) -> str:
-    [link] = client._client._fwd._links.values()  # where the SDK's link went is the point
+    [link] = client._client._direct.forwarder._links.values()  # where the SDK's link went is the point
     return link.address
 
 
