@@ -1,4 +1,4 @@
-from mcp_scheduler.hot import HotCopies
+from mcp_scheduler.hot_copies import HotCopies
 from mcp_scheduler.view import ClusterView, Demand, ModelSpecDoc
 
 SPEC = {"m": ModelSpecDoc("m", ("1",), replicas=1, max_replicas=3)}

@@ -6,16 +6,16 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcp_scheduler.placement import replica_bytes
-from mcp_scheduler.plan import (
+from mcp_scheduler.actions import (
     ForgetReplica,
     LoadReplica,
     ModelStatus,
     PauseReplica,
     PublishRouting,
     StartReplica,
-    plan,
 )
+from mcp_scheduler.placement import replica_bytes
+from mcp_scheduler.plan import plan
 from mcp_scheduler.view import ClusterView, Demand, ModelSpecDoc, ReplicaInfo, TrafficDoc, WorkerInfo
 from mcpcore.lifecycle import ReplicaState
 

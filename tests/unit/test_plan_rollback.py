@@ -5,7 +5,8 @@ from dataclasses import replace
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from mcp_scheduler.plan import LoadReplica, PublishRouting, RollbackCanary, plan
+from mcp_scheduler.actions import LoadReplica, PublishRouting, RollbackCanary
+from mcp_scheduler.plan import plan
 from mcp_scheduler.view import ClusterView, ModelSpecDoc, ReplicaInfo, TrafficDoc, WorkerInfo
 from mcpcore.lifecycle import ReplicaState
 

@@ -11,8 +11,7 @@ from dataclasses import dataclass, replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcp_scheduler.placement import replica_bytes
-from mcp_scheduler.plan import (
+from mcp_scheduler.actions import (
     ForgetReplica,
     LoadReplica,
     PauseReplica,
@@ -22,8 +21,9 @@ from mcp_scheduler.plan import (
     StartReplica,
     UnloadReplica,
     kind_of,
-    plan,
 )
+from mcp_scheduler.placement import replica_bytes
+from mcp_scheduler.plan import plan
 from mcp_scheduler.view import ClusterView, ModelSpecDoc, ReplicaInfo, TrafficDoc, WorkerInfo
 from mcpcore.lifecycle import ReplicaState
 

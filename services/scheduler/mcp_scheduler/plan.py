@@ -1,5 +1,10 @@
 """The reconcile planner: a ``ClusterView`` in, idempotent actions and per-model status out (DESIGN.md 6).
 
+Each planned model goes through one round: forget records nobody holds, work out the copies each version
+needs (spec, hot-copy signal, load on demand, fallback), unload the excess, place the missing, start or
+pause to match the spec, then route (``rollout``). ``plan_ledger`` holds what the plan changed of the view;
+``actions`` what it emits.
+
 Invariants:
 - Pure and deterministic: the same inputs give the same ``Plan``; actions are sorted by model, version,
   worker (a model's ``PublishRouting`` after its replica actions, its ``RollbackCanary`` last).
@@ -15,190 +20,49 @@ Invariants:
   never the "other copy" that makes an eviction safe, and its memory is freed for deciding whether more
   evictions are needed (a worker that fits once its unloads finish gets the load then: the round waits,
   with the room held, rather than evicting more).
-- Safe flips: a routing names a version only once it is RUNNING on ``max(1, required)`` replicas on live,
-  not-stopped workers; until then the routing in force stays and ``ModelStatus.pending`` says why.
+- Safe flips and canary rollback as ``rollout`` states them: routing follows only versions RUNNING on
+  ``max(1, required)`` replicas on live, not-stopped workers.
 - A record written by another incarnation of its worker than the one registered now is stale: never a
   copy, forgotten (the process that wrote it is gone; routers do not follow it either).
 - Never unloads below the required RUNNING copies: a drained or excess copy goes only once enough RUNNING
   copies on usable workers remain; an eviction never takes the last RUNNING copy of a routed version
-  (copies on their way out do not count). A LOADING replica
-  is left to finish; a stopped worker gets no actions but ``ForgetReplica`` (an emergency stop releases
-  its replicas itself).
+  (copies on their way out do not count). A LOADING replica is left to finish; a stopped worker gets no
+  actions but ``ForgetReplica`` (an emergency stop releases its replicas itself).
 - The models of one plan are planned by descending priority, so higher-priority ones claim memory
   first (across batches the reconciler queues the models waiting for room first when room frees).
-- A wanted canary (``canary_percent > 0``) of a model whose breaker level is above 0 is rolled back
-  (DESIGN.md 7): ``RollbackCanary`` rewrites the wanted traffic to its stable version alone, and the round
-  already plans with that traffic, so routing follows by the usual safe flip. While the breaker stays
-  above 0 a canary written again is rolled back again.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection, Iterator, Mapping
-from dataclasses import dataclass, field, replace
-from typing import Literal
+from collections.abc import Collection, Mapping
+from dataclasses import replace
 
-from mcp_scheduler.placement import place, replica_bytes
+from mcp_scheduler.actions import (
+    Action,
+    ForgetReplica,
+    InFlight,
+    InFlightActions,
+    LoadReplica,
+    ModelStatus,
+    PauseReplica,
+    Plan,
+    PublishRouting,
+    ReplicaAction,
+    RollbackCanary,
+    StartReplica,
+    UnloadReplica,
+)
+from mcp_scheduler.placement import place
+from mcp_scheduler.plan_ledger import HEALTHY, PlanReplicas, Reserved, Used
+from mcp_scheduler.rollout import route, without_canary
 from mcp_scheduler.view import ClusterView, ModelSpecDoc, ReplicaInfo, ReplicaKey, TrafficDoc
 from mcpcore.lifecycle import ReplicaState
 
-__all__ = [
-    "Action",
-    "ForgetReplica",
-    "InFlight",
-    "InFlightActions",
-    "LoadReplica",
-    "ModelStatus",
-    "PauseReplica",
-    "Plan",
-    "PublishRouting",
-    "ReplicaAction",
-    "RollbackCanary",
-    "StartReplica",
-    "UnloadReplica",
-    "kind_of",
-    "plan",
-]
+__all__ = ["plan"]
 
 S = ReplicaState
-#: Replicas that hold (or are getting) their memory and count as copies.
-HEALTHY = frozenset({S.LOADING, S.READY, S.RUNNING, S.PAUSED})
 UNLOADABLE = frozenset({S.READY, S.RUNNING, S.PAUSED})
-
-
-@dataclass(frozen=True)
-class ReplicaAction:
-    """An action on one replica; the executor runs at most one at a time per ``key``."""
-
-    model: str
-    version: str
-    worker: str
-
-    @property
-    def key(self) -> ReplicaKey:
-        return (self.model, self.version, self.worker)
-
-
-@dataclass(frozen=True)
-class LoadReplica(ReplicaAction):
-    reason: str = ""
-
-
-@dataclass(frozen=True)
-class StartReplica(ReplicaAction):
-    """READY or PAUSED -> RUNNING (the worker's Resume)."""
-
-
-@dataclass(frozen=True)
-class PauseReplica(ReplicaAction):
-    pass
-
-
-@dataclass(frozen=True)
-class UnloadReplica(ReplicaAction):
-    reason: str = ""
-
-
-@dataclass(frozen=True)
-class ForgetReplica(ReplicaAction):
-    """Mark the record ERROR if possible, then delete it at ``revision``."""
-
-    revision: int
-    reason: str = ""
-
-
-@dataclass(frozen=True)
-class PublishRouting:
-    """Write ``/mcp/models/<m>/routing`` (None: delete it)."""
-
-    model: str
-    routing: TrafficDoc | None
-
-
-@dataclass(frozen=True)
-class RollbackCanary:
-    """Write ``/mcp/models/<m>/traffic`` without its canary (only if unchanged since the view)."""
-
-    model: str
-    traffic: TrafficDoc  # the wanted traffic with the canary removed: stable only
-    reason: str = ""
-
-
-Action = ReplicaAction | PublishRouting | RollbackCanary
-
-#: The kind of an action in flight on a replica (``kind_of``): what the planner must assume of it.
-InFlight = Literal["load", "start", "pause", "unload", "forget"]
-_KINDS: dict[type, InFlight] = {}  # filled below, once the classes exist
-
-
-def kind_of(action: ReplicaAction) -> InFlight:
-    return _KINDS[type(action)]
-
-
-class InFlightActions(Mapping[ReplicaKey, InFlight]):
-    """Replica actions under way by key, indexed by (model, version) and by worker, so a plan of a few
-    models reads what concerns them, not every action in flight (the reconciler keeps one up to date)."""
-
-    def __init__(self, items: Mapping[ReplicaKey, InFlight] | None = None) -> None:
-        self._kinds: dict[ReplicaKey, InFlight] = {}
-        self._by_mv: dict[tuple[str, str], dict[str, InFlight]] = {}
-        self._by_worker: dict[str, dict[ReplicaKey, InFlight]] = {}
-        for key, kind in (items or {}).items():
-            self.set(key, kind)
-
-    def __getitem__(self, key: ReplicaKey) -> InFlight:
-        return self._kinds[key]
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._kinds
-
-    def __iter__(self) -> Iterator[ReplicaKey]:
-        return iter(self._kinds)
-
-    def __len__(self) -> int:
-        return len(self._kinds)
-
-    def set(self, key: ReplicaKey, kind: InFlight) -> None:
-        self._kinds[key] = kind
-        self._by_mv.setdefault(key[:2], {})[key[2]] = kind  # type: ignore[index]
-        self._by_worker.setdefault(key[2], {})[key] = kind
-
-    def discard(self, key: ReplicaKey) -> None:
-        if self._kinds.pop(key, None) is None:
-            return
-        for index, sub, item in ((self._by_mv, key[:2], key[2]), (self._by_worker, key[2], key)):
-            entries = index[sub]  # type: ignore[index]
-            del entries[item]  # type: ignore[arg-type]
-            if not entries:
-                del index[sub]  # type: ignore[arg-type]
-
-    def of(self, model: str, version: str) -> Mapping[str, InFlight]:
-        """Workers with an action in flight on ``model``/``version``, and its kind."""
-        return self._by_mv.get((model, version), {})
-
-    def on(self, worker: str) -> Mapping[ReplicaKey, InFlight]:
-        return self._by_worker.get(worker, {})
-
-
-_KINDS.update({LoadReplica: "load", StartReplica: "start", PauseReplica: "pause", UnloadReplica: "unload",
-               ForgetReplica: "forget"})  # fmt: skip
-
-
-@dataclass(frozen=True)
-class ModelStatus:
-    model: str
-    versions: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # version -> (running, required)
-    pending: str = ""
-    error: str = ""
-    error_code: str = ""  # "" or a status code name, e.g. "RESOURCE_EXHAUSTED"
-
-
-@dataclass(frozen=True)
-class Plan:
-    actions: tuple[Action, ...]
-    status: Mapping[str, ModelStatus]
-    deferred: tuple[str, ...] = ()  # models not planned: the placement budget ran out before them
 
 
 def plan(
@@ -223,93 +87,6 @@ def plan(
     planner = _Planner(view, in_flight or {}, backoff or {}, extra_copies or {})
     planner.budget = placement_budget
     return planner.run(chosen)
-
-
-class _Replicas(Mapping[ReplicaKey, ReplicaInfo]):
-    """The view's replicas as this plan changes them (taken away, or marked UNLOADING), without a copy;
-    one with an unload (or forget) in flight reads as UNLOADING."""
-
-    def __init__(
-        self, base: Mapping[ReplicaKey, ReplicaInfo], in_flight: Mapping[ReplicaKey, InFlight]
-    ) -> None:
-        self._base = base
-        self._in_flight = in_flight
-        self._changed: dict[ReplicaKey, ReplicaInfo] = {}
-        self._gone: set[ReplicaKey] = set()
-
-    def __getitem__(self, key: ReplicaKey) -> ReplicaInfo:
-        if key in self._gone:
-            raise KeyError(key)
-        changed = self._changed.get(key)
-        if changed is not None:
-            return changed
-        r = self._base[key]
-        if r.state in HEALTHY and self._in_flight.get(key) in ("unload", "forget"):
-            r = self._changed[key] = replace(r, state=S.UNLOADING)
-        return r
-
-    def __contains__(self, key: object) -> bool:
-        return key not in self._gone and (key in self._changed or key in self._base)
-
-    def __iter__(self) -> Iterator[ReplicaKey]:
-        return (k for k in self._base if k not in self._gone)
-
-    def __len__(self) -> int:
-        return len(self._base) - len(self._gone & self._base.keys())
-
-    def __setitem__(self, key: ReplicaKey, value: ReplicaInfo) -> None:
-        self._changed[key] = value
-
-    def pop(self, key: ReplicaKey, default: None = None) -> ReplicaInfo | None:
-        value = self.get(key, default)
-        self._gone.add(key)
-        return value
-
-
-class _Reserved(Mapping[str, int]):
-    """Memory held for copies not yet recorded, per worker: loads in flight (their bytes), then what
-    this plan places or waits for (added as it goes). Every worker reads as a number (0 if none)."""
-
-    def __init__(self, planner: _Planner) -> None:
-        self._planner = planner
-        self._held: dict[str, int] = {}
-
-    def __getitem__(self, worker: str) -> int:
-        held = self._held.get(worker)
-        if held is None:
-            p = self._planner
-            held = 0
-            if worker in p.view.workers:
-                for (m, v, w), kind in p.in_flight.on(worker).items():
-                    if kind == "load" and (m, v, w) not in p.view.replicas:
-                        held += p._need_bytes(m, v)
-            self._held[worker] = held
-        return held
-
-    def __setitem__(self, worker: str, held: int) -> None:
-        self._held[worker] = held
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._held)
-
-    def __len__(self) -> int:
-        return len(self._held)
-
-
-class _Used(dict[str, int]):
-    """Memory held by recorded replicas per worker, as this plan sees them: the view's (cached across
-    plans by the state) less the stale records this plan took away (UNLOADING marks change nothing)."""
-
-    def __init__(self, view: ClusterView, gone: Mapping[str, list[ReplicaInfo]]) -> None:
-        super().__init__()
-        self._view = view
-        self._gone = gone
-
-    def __missing__(self, worker: str) -> int:
-        used = self._view.used_bytes(worker)
-        used -= sum(replica_bytes(self._view, r) for r in self._gone.get(worker, ()))
-        self[worker] = used
-        return used
 
 
 def _order(action: Action) -> tuple[str, int, int, str, str]:
@@ -342,12 +119,12 @@ class _Planner:
         self.waiting: dict[str, list[str]] = defaultdict(list)
         self.status: dict[str, ModelStatus] = {}
         # evicted ones, and those an unload in flight takes away, become UNLOADING: gone for planning
-        self.replicas = _Replicas(view.replicas, self.in_flight)
+        self.replicas = PlanReplicas(view.replicas, self.in_flight)
         self.placing = view.with_replicas(self.replicas)  # what placement reads: this plan's replicas
         self.stale: dict[str, list[ReplicaInfo]] = defaultdict(list)  # worker -> records taken away
         self.idle: set[ReplicaKey] = set()  # idle records taken away: to forget, unless loaded again
-        self.used = _Used(view, self.stale)
-        self.reserved = _Reserved(self)
+        self.used = Used(view, self.stale)
+        self.reserved = Reserved(view, self.in_flight, self._need_bytes)
         self.budget: int | None = None  # placements allowed (None: no limit)
         self.placements = 0
 
@@ -439,7 +216,9 @@ class _Planner:
     def _model(self, spec: ModelSpecDoc) -> None:
         m = spec.model
         wanted = self.view.traffic.get(m) or TrafficDoc(stable=max(spec.versions, key=int))
-        wanted = self._rollback(m, wanted)
+        wanted, rollback = without_canary(self.view, m, wanted)
+        if rollback is not None:
+            self.publish.append(rollback)
         required = self._required(spec, wanted)
         for v in sorted(required, key=int):
             copies = self._copies(m, v)
@@ -450,19 +229,6 @@ class _Planner:
             if r.version not in required:
                 self._unload(r, f"version {r.version} of {m} is no longer needed")
         self._route(spec, wanted, required)
-
-    def _rollback(self, model: str, wanted: TrafficDoc) -> TrafficDoc:
-        """The wanted traffic without its canary while the model's breaker is above 0 (else as is)."""
-        level = self.view.breakers.get(model, 0)
-        if level <= 0 or wanted.canary is None or wanted.canary_percent <= 0:
-            return wanted
-        stable = TrafficDoc(stable=wanted.stable)
-        reason = (
-            f"breaker of {model} at level {level}: canary version {wanted.canary} "
-            f"({wanted.canary_percent}%) rolled back to stable version {wanted.stable}"
-        )
-        self.publish.append(RollbackCanary(model, stable, reason))
-        return stable
 
     def _required(self, spec: ModelSpecDoc, wanted: TrafficDoc) -> dict[str, int]:
         """Copies required of each needed version."""
@@ -588,50 +354,17 @@ class _Planner:
     # -- routing and status ----------------------------------------------------------------------------
     def _route(self, spec: ModelSpecDoc, wanted: TrafficDoc, required: Mapping[str, int]) -> None:
         m = spec.model
-        running = {v: self._running(m, v) for v in required}
-        short = [v for v in wanted.versions if running.get(v, 0) < max(1, required.get(v, 0))]
-        current = self.view.routing.get(m)
-        routing = current if short else wanted
-        if routing != current:
-            self.publish.append(PublishRouting(m, routing))
-        errors = self.errors.get(m, [])
-        pending = ""
-        if short:
-            pending = self._pending(
-                spec, wanted=wanted, current=current, short=short, running=running, required=required
-            )
-        if self.waiting.get(m):
-            pending = "; ".join([*([pending] if pending else []), *self.waiting[m]])
-        self.status[m] = ModelStatus(
-            model=m,
-            versions={v: (running[v], required[v]) for v in sorted(required, key=int)},
-            pending=pending,
-            error="; ".join(errors),
-            error_code="RESOURCE_EXHAUSTED" if errors else "",
+        publish, self.status[m] = route(
+            spec,
+            wanted=wanted,
+            current=self.view.routing.get(m),
+            running={v: self._running(m, v) for v in required},
+            required=required,
+            errors=self.errors.get(m, []),
+            waiting=self.waiting.get(m, []),
         )
-
-    @staticmethod
-    def _pending(
-        spec: ModelSpecDoc,
-        *,
-        wanted: TrafficDoc,
-        current: TrafficDoc | None,
-        short: list[str],
-        running: Mapping[str, int],
-        required: Mapping[str, int],
-    ) -> str:
-        if spec.load_on_demand and all(required.get(v, 0) == 0 for v in short):
-            return "not loaded: loads on demand, when a request asks for it"
-
-        def on(v: str) -> str:
-            paused = " (paused)" if v in spec.paused_versions else ""
-            return f"{running.get(v, 0)}/{max(1, required.get(v, 0))} replicas{paused}"
-
-        if current is None:
-            return "loading " + ", ".join(f"version {v} on {on(v)}" for v in short)
-        if current == wanted:
-            return "degraded: " + ", ".join(f"version {v} RUNNING on {on(v)}" for v in short)
-        return "pending: " + ", ".join(f"version {v} loading on {on(v)}" for v in short)
+        if publish is not None:
+            self.publish.append(publish)
 
     def _orphan(self, model: str) -> None:
         for r in sorted(self.view.replicas_of(model), key=lambda r: r.key):
