@@ -62,7 +62,10 @@ async def test_unary_reply_metadata_both_ways_and_the_deadline_the_handler_sees(
         assert await call.code() == grpc.StatusCode.OK
     seen = dict(b.seen_metadata)
     assert seen["x-key"] == "v1" and seen["x-blob-bin"] == b"\x01\x02"
-    assert b.seen_remaining is not None and 25 < b.seen_remaining <= 30
+    # The client's 30 s deadline reaches the handler. grpc.aio's time_remaining() sets its core's deadline
+    # against the wall clock and was seen reading 30.1 s on a loaded machine: the check is that the deadline
+    # arrived (about 30 s, not none and not the default), not how exact the clocks are.
+    assert b.seen_remaining is not None and 25 < b.seen_remaining <= 31
     # the handler's context is a CallContext (grpc.aio's as it is): the only surface handlers may use
     assert isinstance(b.contexts[0], CallContext)
     await service.stop(0.1)
