@@ -3,8 +3,10 @@
 #
 #   libs/native/build.sh lib    build build/libmcp_mempool.so and mcp_native/_frontdoor*.so, the router's
 #                               grpc++ front door, for $PYTHON (default python3) (what `make native` runs;
-#                               the default). The front door needs Debian's libgrpc++-dev and
+#                               the default); each only when a source, the script or the compiler command
+#                               changed since its last build (a .stamp beside it keeps the command). The front door needs Debian's libgrpc++-dev and
 #                               python3-dev (tools/install-system-deps.sh grpc)
+#   libs/native/build.sh pool   build build/libmcp_mempool.so alone (when it is not current)
 #   libs/native/build.sh test   build the library, then the C tests twice and run them:
 #                                 1. with -fsanitize=address,undefined (any report fails the run)
 #                                 2. plain, under valgrind --leak-check=full (skipped, with a message,
@@ -24,14 +26,34 @@ SRC="$HERE/src/mempool.c"
 FRONTDOOR_SRC=("$HERE/src/reactor.cc" "$HERE/src/convert.cc" "$HERE/src/server.cc" "$HERE/src/pytype.cc")
 TEST_SRC="$HERE/tests/test_mempool.c"
 
+# current OUTPUT STAMP_TEXT INPUTS...: true when OUTPUT exists, is newer than every input and was built with
+# the same compiler command (STAMP_TEXT, kept beside it), so `make native` (run by make up and make test) only
+# compiles what changed.
+current() {
+    local out="$1" stamp="$2"
+    shift 2
+    [ -f "$out" ] && [ -f "$out.stamp" ] && [ "$(cat "$out.stamp")" = "$stamp" ] || return 1
+    local f
+    for f in "$@"; do
+        [ "$f" -nt "$out" ] && return 1
+    done
+    return 0
+}
+
 build_lib() {
     mkdir -p "$BUILD"
     local out="$BUILD/libmcp_mempool.so"
+    local stamp="$CC ${CFLAGS_COMMON[*]} -fPIC -shared"
+    if [ "${1:-}" != force ] && current "$out" "$stamp" "$SRC" "$HERE/include/mcp_mempool.h" "$HERE/build.sh"; then
+        echo "up to date: $out"
+        return 0
+    fi
     local tmp
     tmp="$(mktemp "$BUILD/.libmcp_mempool.so.XXXXXX")"
     "$CC" "${CFLAGS_COMMON[@]}" -fPIC -shared -o "$tmp" "$SRC" || { rm -f "$tmp"; return 1; }
     chmod 755 "$tmp" # mktemp made it 0600: a library others (a container's service user) load
     mv -f "$tmp" "$out"
+    echo "$stamp" >"$out.stamp"
     echo "built $out"
 }
 
@@ -41,16 +63,45 @@ build_frontdoor() {
     suffix="$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
     includes="$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
     out="$HERE/mcp_native/_frontdoor$suffix"
-    tmp="$(mktemp "$HERE/mcp_native/._frontdoor.XXXXXX")"
     # hidden visibility and the version script: the module exports PyInit__frontdoor alone, so the
     # grpcio wheel's grpc core in the same process never binds to it (tests/integration/test_grpc_cores.py)
-    # shellcheck disable=SC2046  # pkg-config's flags are words
-    "$CXX" -std=c++17 -O2 -g -Wall -Wextra -Werror -Wno-missing-field-initializers -fPIC -shared \
-        -fvisibility=hidden -fvisibility-inlines-hidden -Wl,--version-script="$HERE/src/frontdoor.map" \
-        -I"$includes" $(pkg-config --cflags grpc++) -o "$tmp" "${FRONTDOOR_SRC[@]}" $(pkg-config --libs grpc++) ||
-        { rm -f "$tmp"; return 1; } # a failed build leaves no temporary file behind
+    local cxxflags=(-std=c++17 -O2 -g -Wall -Wextra -Werror -Wno-missing-field-initializers -fPIC
+        -fvisibility=hidden -fvisibility-inlines-hidden -I"$includes")
+    # grpc++'s pkg-config file stands for its version (an upgrade rewrites it); pkg-config itself takes
+    # about a second a call here (abseil's many .pc files), so it runs only when a build is due
+    local stamp="$CXX ${cxxflags[*]}" pcfiles=()
+    mapfile -t pcfiles < <(compgen -G "/usr/lib/*/pkgconfig/grpc++.pc"; compgen -G "/usr/local/lib/pkgconfig/grpc++.pc")
+    if [ "${1:-}" != force ] && current "$out" "$stamp" "${FRONTDOOR_SRC[@]}" "$HERE/src/frontdoor.h" \
+        "$HERE/src/frontdoor.map" "$HERE/build.sh" "${pcfiles[@]}"; then
+        echo "up to date: $out"
+        return 0
+    fi
+    local grpc_cflags grpc_libs
+    grpc_cflags="$(pkg-config --cflags grpc++)"
+    grpc_libs="$(pkg-config --libs grpc++)"
+    # each translation unit parses grpc++'s headers: compile them side by side, then link
+    local objdir pids=() src
+    objdir="$(mktemp -d "$BUILD/.frontdoor.XXXXXX")"
+    for src in "${FRONTDOOR_SRC[@]}"; do
+        # shellcheck disable=SC2086  # pkg-config's flags are words
+        "$CXX" "${cxxflags[@]}" $grpc_cflags -c -o "$objdir/$(basename "$src" .cc).o" "$src" &
+        pids+=($!)
+    done
+    local failed=0 pid
+    for pid in "${pids[@]}"; do
+        wait "$pid" || failed=1
+    done
+    tmp="$(mktemp "$HERE/mcp_native/._frontdoor.XXXXXX")"
+    # shellcheck disable=SC2086
+    if [ "$failed" = 1 ] || ! "$CXX" -shared -Wl,--version-script="$HERE/src/frontdoor.map" -o "$tmp" \
+        "$objdir"/*.o $grpc_libs; then
+        rm -rf "$tmp" "$objdir" # a failed build leaves no temporary file behind
+        return 1
+    fi
+    rm -rf "$objdir"
     chmod 755 "$tmp"
     mv -f "$tmp" "$out"
+    echo "$stamp" >"$out.stamp"
     echo "built $out"
 }
 
@@ -62,7 +113,7 @@ build_test() { # build_test OUTPUT EXTRA_FLAGS...
 }
 
 run_tests() {
-    build_lib
+    build_lib force
     echo "== C tests with AddressSanitizer + UndefinedBehaviorSanitizer"
     build_test "$BUILD/test_mempool_asan" -fsanitize=address,undefined -fno-sanitize-recover=all \
         -fno-omit-frame-pointer
@@ -88,10 +139,11 @@ case "${1:-lib}" in
         build_lib
         build_frontdoor
         ;;
+    pool) build_lib ;;
     test) run_tests ;;
-    clean) rm -rf "$BUILD" "$HERE"/mcp_native/_frontdoor*.so ;;
+    clean) rm -rf "$BUILD" "$HERE"/mcp_native/_frontdoor*.so "$HERE"/mcp_native/_frontdoor*.so.stamp ;;
     *)
-        echo "usage: $0 [lib|test|clean]" >&2
+        echo "usage: $0 [lib|pool|test|clean]" >&2
         exit 2
         ;;
 esac

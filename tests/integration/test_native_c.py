@@ -6,6 +6,7 @@ SKIPPED" instead of running valgrind when it is not installed.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -46,3 +47,38 @@ def test_c_tests_pass_under_valgrind(c_tests: tuple[str, str]) -> None:
     match = PASSED.search(valgrind)
     assert match and int(match.group(1)) > 0, valgrind
     assert "valgrind: ok" in valgrind
+
+
+def test_a_build_runs_only_when_a_source_or_the_compiler_command_changed(tmp_path: Path) -> None:
+    """``make native`` runs on every ``make up`` and ``make test``: a library that is current is kept (no
+    compile), and a newer source or another compiler command builds it again."""
+    native = BUILD_SH.parent
+    copy = tmp_path / "native"
+    for part in ("src", "include"):
+        shutil.copytree(native / part, copy / part)
+    shutil.copy2(BUILD_SH, copy / "build.sh")
+    lib = copy / "build" / "libmcp_mempool.so"
+
+    def build(**env: str) -> str:
+        run = subprocess.run(
+            [str(copy / "build.sh"), "pool"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            env={**os.environ, **env},
+        )
+        assert run.returncode == 0, run.stdout + run.stderr
+        return run.stdout
+
+    assert f"built {lib}" in build()
+    built_at = lib.stat().st_mtime_ns
+    assert f"up to date: {lib}" in build()
+    assert lib.stat().st_mtime_ns == built_at
+
+    header = copy / "include" / "mcp_mempool.h"
+    earlier = header.stat().st_mtime - 10  # the header edited after the library was built
+    os.utime(lib, (earlier, earlier))
+    assert f"built {lib}" in build()
+    assert f"up to date: {lib}" in build()
+    assert f"built {lib}" in build(CC=shutil.which("cc") or "cc")  # another command: built again
