@@ -1,7 +1,7 @@
 """Real router and worker processes put grpc's and libzmq's helper threads under SCHED_BATCH by the time
-they say "ready" (``mcpcore.helper_threads``) when ``MCP_BATCH_HELPER_THREADS=1`` (the default on two cores
-or more: ``mcpcore.tuning``); their event loop's thread and every other keep the default; ``0`` leaves every
-thread as it was."""
+they say "ready" (``mcpcore.helper_threads``) when ``MCP_BATCH_HELPER_THREADS=1`` (the default,
+``mcpcore.tuning``); their event loop's thread and every other keep the default; ``0`` leaves every thread
+as it was."""
 
 from __future__ import annotations
 

@@ -89,7 +89,6 @@ def test_the_settings_page_does_not_depend_on_the_cores_of_the_machine_that_buil
         monkeypatch.setattr(tuning, "available_cores", lambda cores=cores: cores)
         pages.append(gen_docs.PAGES["reference/settings.md"]())
     assert pages[0] == pages[1] == pages[2]
-    assert "1 core: `False`; 2 or more: `True`" in pages[0]  # batch_helper_threads follows the cores
 
 
 def test_every_setting_says_what_it_does() -> None:

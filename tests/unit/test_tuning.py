@@ -20,17 +20,12 @@ from mcpcore.tuning import PYTHON_SWITCH_INTERVAL_S, Tuning, available_cores, tu
 PREFIX = "MCP_ROUTER_"
 
 
-def test_one_core_keeps_pythons_switch_interval_and_no_batched_helpers():
-    one = Tuning.for_cores(1)
-    assert one.switch_interval_s == PYTHON_SWITCH_INTERVAL_S
-    assert not one.batch_helper_threads
-
-
-@pytest.mark.parametrize("cores", [2, 4, 64])
-def test_two_cores_or_more_hand_the_gil_over_sooner_and_batch_the_helpers(cores):
-    many = Tuning.for_cores(cores)
-    assert many.switch_interval_s == 0.001
-    assert many.batch_helper_threads
+@pytest.mark.parametrize("cores", [1, 2, 4, 64])
+def test_every_core_count_hands_the_gil_over_sooner_and_batches_the_helpers(cores):
+    """Measured on a 1-core and a 2-core view, the same choices win (docs/design/process-tuning.md)."""
+    tuning = Tuning.for_cores(cores)
+    assert tuning.switch_interval_s == 0.001 < PYTHON_SWITCH_INTERVAL_S
+    assert tuning.batch_helper_threads
 
 
 @pytest.mark.parametrize("cores", [1, 2, 64])
@@ -118,7 +113,14 @@ def _applied(tuning: Tuning) -> dict[str, float]:
 def test_after_start_applies_the_knobs():
     on = _applied(Tuning.for_cores(2))
     assert on["young"] == 20_000 and on["frozen"] > 0 and on["switch"] == pytest.approx(0.001)
-    off = _applied(replace(Tuning.for_cores(1), gc_freeze=False, gc_young_objects=0))
+    off = _applied(
+        replace(
+            Tuning.for_cores(1),
+            gc_freeze=False,
+            gc_young_objects=0,
+            switch_interval_s=PYTHON_SWITCH_INTERVAL_S,
+        )
+    )
     assert (
         off["young"] == 700
         and off["frozen"] == 0
