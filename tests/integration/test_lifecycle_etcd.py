@@ -89,6 +89,55 @@ async def test_failing_hook_leaves_state_unchanged(store, keys, lifecycle, where
     assert after.mod_revision == before.mod_revision and after.value == before.value
 
 
+async def test_a_write_that_fails_after_the_hooks_runs_the_way_back(store, keys, lifecycle):
+    """A worker withholds a replica on leaving RUNNING; when the PAUSED write then loses its compare (another
+    writer got there first), the replica is admitted again, so it does not refuse traffic while etcd and
+    the worker both still say RUNNING."""
+    await lifecycle.create(RID)
+    for state in (S.LOADING, S.READY, S.RUNNING):
+        await lifecycle.transition(RID, state)
+    other = ReplicaLifecycle(store, keys)
+    calls = []
+
+    async def withhold(rid, src, dst):
+        calls.append(("withhold", src, dst))
+        await other.transition(rid, S.PAUSED, reason="another writer")
+        await other.transition(rid, S.RUNNING, reason="and back")
+
+    async def admit(rid, src, dst):
+        calls.append(("admit", src, dst))
+
+    lifecycle.on_exit(S.RUNNING, withhold)
+    lifecycle.on_enter(S.RUNNING, admit)
+    with pytest.raises(FailedPrecondition, match="changed by another writer"):
+        await lifecycle.transition(RID, S.PAUSED, reason="pause")
+    assert calls == [("withhold", S.RUNNING, S.PAUSED), ("admit", S.PAUSED, S.RUNNING)]
+    assert (await lifecycle.get(RID)).state is S.RUNNING
+
+
+async def test_a_failing_hook_runs_the_way_back_for_the_hooks_before_it(store, keys, lifecycle):
+    await lifecycle.create(RID)
+    await lifecycle.transition(RID, S.LOADING)
+    calls = []
+
+    async def exit_loading(rid, src, dst):
+        calls.append(("exit LOADING", src, dst))
+
+    async def enter_loading(rid, src, dst):
+        calls.append(("enter LOADING", src, dst))
+
+    async def warm_up(rid, src, dst):
+        raise ResourceExhausted("warm-up ran out of memory")
+
+    lifecycle.on_exit(S.LOADING, exit_loading)
+    lifecycle.on_enter(S.LOADING, enter_loading)
+    lifecycle.on_enter(S.READY, warm_up)
+    with pytest.raises(ResourceExhausted, match="warm-up"):
+        await lifecycle.transition(RID, S.READY)
+    assert calls == [("exit LOADING", S.LOADING, S.READY), ("enter LOADING", S.READY, S.LOADING)]
+    assert (await lifecycle.get(RID)).state is S.LOADING
+
+
 async def test_hooks_run_exit_then_enter_with_both_states(lifecycle):
     calls = []
 

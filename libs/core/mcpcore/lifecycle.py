@@ -5,7 +5,10 @@ Rules (everything that decides a replica's state lives in this file):
    (a worker dies, a load or warm-up fails) can strike anywhere; it leaves ERROR only through RECOVERING.
 2. A transition runs the exit hooks of the old state, then the enter hooks of the new one, and only then
    writes the new state. A hook that raises leaves the stored state as it was, and its error reaches the
-   caller (an ``MCPError`` as is; anything else as ``Internal`` naming the hook).
+   caller (an ``MCPError`` as is; anything else as ``Internal`` naming the hook). When a hook or the write
+   fails, the hooks of the way back (the new state's exit hooks, the old state's enter hooks) run before
+   the error goes on, so what the hooks did in this process follows the stored state again (a worker
+   that withheld a replica for a pause whose write failed admits it again). Hooks are idempotent.
 3. The write is a transaction guarded by the record's mod revision: of two writers racing on one replica,
    exactly one wins and the other gets ``FailedPrecondition``. Within one process an asyncio lock per
    replica serialises transitions, so hooks of one replica never interleave.
@@ -16,6 +19,7 @@ Rules (everything that decides a replica's state lives in this file):
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -37,6 +41,8 @@ __all__ = [
     "check_transition",
     "is_legal",
 ]
+
+log = logging.getLogger(__name__)
 
 
 S = ReplicaState
@@ -150,18 +156,22 @@ class ReplicaLifecycle:
             if expected_revision is not None and current.revision != expected_revision:
                 raise self._conflict(rid, expected_revision)
             check_transition(current.state, dst, f"replica {rid}")
-            await self._run_hooks(rid, current.state, dst)
-            now = self._clock()
-            step = Transition(current.state, dst, now, reason)
-            record = replace(
-                current,
-                state=dst,
-                since=now,
-                reason=reason,
-                history=(*current.history, step)[-self._history :],
-                info={**current.info, **(info or {})},
-            )
-            return await self._write(rid, record, expected_revision=current.revision, guard=guard)
+            try:
+                await self._run_hooks(rid, current.state, dst)
+                now = self._clock()
+                step = Transition(current.state, dst, now, reason)
+                record = replace(
+                    current,
+                    state=dst,
+                    since=now,
+                    reason=reason,
+                    history=(*current.history, step)[-self._history :],
+                    info={**current.info, **(info or {})},
+                )
+                return await self._write(rid, record, expected_revision=current.revision, guard=guard)
+            except (Exception, asyncio.CancelledError):
+                await self._run_back(rid, current.state, dst)
+                raise
 
     async def resync_op(
         self, rid: ReplicaId, state: ReplicaState, *, reason: str, info: Mapping[str, Any] | None = None
@@ -206,6 +216,16 @@ class ReplicaLifecycle:
                     f"replica {rid}: hook {name} failed on {src.value} -> {dst.value}: {exc!r}; "
                     f"state stays {src.value}"
                 ) from exc
+
+    async def _run_back(self, rid: ReplicaId, src: ReplicaState, dst: ReplicaState) -> None:
+        """After a failed ``src -> dst``: the hooks of ``dst -> src``, each tried once; one that fails is
+        logged (the first error is the one the caller gets)."""
+        for hook in (*self._exit[dst], *self._enter[src]):
+            try:
+                await hook(rid, dst, src)
+            except Exception:
+                name = getattr(hook, "__qualname__", repr(hook))
+                log.exception("replica %s: hook %s failed undoing %s -> %s", rid, name, src.value, dst.value)
 
     async def _write(
         self, rid: ReplicaId, record: ReplicaRecord, *, expected_revision: int, guard: Sequence[Compare] = ()

@@ -279,7 +279,7 @@ class ModelQueue:
         self.inline.ran(inline, phases.input_ns + phases.infer_ns + phases.output_ns, cpu_ns)
 
     def runs_inline(self, batch: list[Pending]) -> bool:
-        """Whether ``batch`` runs on the loop (``mcp_worker.inline``): counted when it does."""
+        """Whether ``batch`` runs on the loop (``mcp_worker.batching.inline``): counted when it does."""
         if batch[0].emit is not None or not self.inline.take():
             return False
         self._metrics.count_inline()
