@@ -31,9 +31,8 @@ from mcpcore.mirror import PrefixMirror
 from mcpcore.records import (
     BreakerDoc,
     BreakerPolicy,
-    OperatorDocs,
-    RejectionPublisher,
     StatsDoc,
+    published_operator_docs,
 )
 from mcpcore.records.breaker import DEFAULT_POLICY
 from mcpcore.store import Compare, Put, Store
@@ -59,15 +58,14 @@ class BreakerLoop:
         monotonic: Callable[[], float] = time.monotonic,
         instance: str = "health",
     ) -> None:
-        self.operator_docs: OperatorDocs[object] = OperatorDocs(
+        self.operator_docs, self.rejections_publisher = published_operator_docs(
             "health",
             instance,
+            store,
+            keys.rejected("health", instance),
             on_rejected=on_rejected,
-            on_change=lambda: self.rejections_publisher.changed(),  # noqa: PLW0108 - made next, from these
+            on_error=on_error,
             clock=clock,
-        )
-        self.rejections_publisher = RejectionPublisher(
-            store, keys.rejected("health", instance), self.operator_docs.doc, on_error=on_error
         )
         self._mirror, self._store, self._keys, self._alerter = mirror, store, keys, alerter
         self._monotonic = monotonic

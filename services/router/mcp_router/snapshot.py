@@ -42,12 +42,11 @@ from mcpcore.records import (
     BreakerDoc,
     BreakerPolicy,
     ModelSpecDoc,
-    OperatorDocs,
-    RejectionPublisher,
     ReplicaRecord,
     ReplicaState,
     TrafficDoc,
     WorkerRecord,
+    published_operator_docs,
 )
 from mcpcore.records.replica import ConfigSummary
 from mcpcore.store import EventType, Store
@@ -144,14 +143,13 @@ class Snapshots:
         instance: str = "router",
     ) -> None:
         self._keys = keys
-        self.operator_docs: OperatorDocs[Any] = OperatorDocs(
+        self.operator_docs, self.rejections_publisher = published_operator_docs(
             "router",
             instance,
+            store,
+            keys.rejected("router", instance),
             on_rejected=on_rejected,
-            on_change=lambda: self.rejections_publisher.changed(),  # noqa: PLW0108 - made next, from these
-        )
-        self.rejections_publisher = RejectionPublisher(
-            store, keys.rejected("router", instance), self.operator_docs.doc, on_error=on_error
+            on_error=on_error,
         )
         self._verifier = verifier  # given the CA: only records signed for their worker id are routed
         self._link_ok = link_ok

@@ -42,11 +42,10 @@ from mcpcore.records import (
     LoadReport,
     ModelSpecDoc,
     ModelStatusDoc,
-    OperatorDocs,
-    RejectionPublisher,
     ReplicaRecord,
     TrafficDoc,
     WorkerRecord,
+    published_operator_docs,
 )
 from mcpcore.store import EventType, Store
 
@@ -97,15 +96,14 @@ class ClusterState:
         instance: str = "scheduler",
     ) -> None:
         self._keys = keys
-        self.operator_docs: OperatorDocs[Any] = OperatorDocs(
+        self.operator_docs, self.rejections_publisher = published_operator_docs(
             "scheduler",
             instance,
+            store,
+            keys.rejected("scheduler", instance),
             on_rejected=on_rejected,
-            on_change=lambda: self.rejections_publisher.changed(),  # noqa: PLW0108 - made next, from these
+            on_error=on_error,
             clock=clock,
-        )
-        self.rejections_publisher = RejectionPublisher(
-            store, keys.rejected("scheduler", instance), self.operator_docs.doc, on_error=on_error
         )
         self._on_error = on_error
         self._clock = clock

@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from mcpcore.keys import Keyspace
 from mcpcore.mirror import PrefixMirror
-from mcpcore.records import BreakerDoc, OperatorDocs, RejectionPublisher
+from mcpcore.records import BreakerDoc, published_operator_docs
 from mcpcore.store import EventType, Store
 
 __all__ = ["BreakerWatch", "level_in_force"]
@@ -54,15 +54,14 @@ class BreakerWatch:
         self._keys = keys
         self._on_level = on_level
         self._on_error = on_error
-        self.operator_docs: OperatorDocs[BreakerDoc] = OperatorDocs(
+        self.operator_docs, self.rejections_publisher = published_operator_docs(
             "worker",
             instance,
+            store,
+            keys.rejected("worker", instance),
             on_rejected=on_rejected,
-            on_change=lambda: self.rejections_publisher.changed(),  # noqa: PLW0108 - made next, from these
+            on_error=on_error,
             clock=clock,
-        )
-        self.rejections_publisher = RejectionPublisher(
-            store, keys.rejected("worker", instance), self.operator_docs.doc, on_error=on_error
         )
         self._clock = clock
         self._docs: dict[str, BreakerDoc] = {}  # model -> last good document

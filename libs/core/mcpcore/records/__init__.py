@@ -31,7 +31,13 @@ from mcpcore.records.base import UNKNOWN_FIELDS, decode
 from mcpcore.records.breaker import BreakerDoc, BreakerPolicy
 from mcpcore.records.demand import Demand, DrainDoc, RouterRecord, StatsDoc
 from mcpcore.records.model import ModelSpecDoc, ModelStatusDoc, TrafficDoc
-from mcpcore.records.rejections import OperatorDocs, Rejection, RejectionPublisher, RejectionsDoc
+from mcpcore.records.rejections import (
+    OperatorDocs,
+    Rejection,
+    RejectionPublisher,
+    RejectionsDoc,
+    published_operator_docs,
+)
 from mcpcore.records.replica import ReplicaDetails, ReplicaRecord, ReplicaState, Transition
 from mcpcore.records.worker import LoadReport, WorkerRecord
 
@@ -57,6 +63,7 @@ __all__ = [
     "Transition",
     "WorkerRecord",
     "display",
+    "published_operator_docs",
 ]
 
 

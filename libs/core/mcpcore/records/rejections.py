@@ -28,7 +28,7 @@ from mcpcore.errors import InvalidArgument, MCPError
 from mcpcore.records.base import Reader, dumps
 from mcpcore.store import KeepAlive, Store
 
-__all__ = ["OperatorDocs", "Rejection", "RejectionPublisher", "RejectionsDoc"]
+__all__ = ["OperatorDocs", "Rejection", "RejectionPublisher", "RejectionsDoc", "published_operator_docs"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -138,6 +138,29 @@ class OperatorDocs(Generic[T]):
         return RejectionsDoc(
             self.service, self.instance, tuple(self._rejected[k] for k in sorted(self._rejected))
         )
+
+
+def published_operator_docs(
+    service: str,
+    instance: str,
+    store: Store,
+    key: str,
+    *,
+    on_rejected: Callable[[str], None] = lambda kind: None,
+    on_error: Callable[[str], None] = lambda loop: None,
+    clock: Callable[[], float] = time.time,
+) -> tuple[OperatorDocs[Any], RejectionPublisher]:
+    """A service's operator documents and the publisher of its rejections at ``key``, wired so that every
+    change of the rejections is published (what each service that reads operator documents makes)."""
+    docs: OperatorDocs[Any] = OperatorDocs(
+        service,
+        instance,
+        on_rejected=on_rejected,
+        on_change=lambda: publisher.changed(),  # noqa: PLW0108 - the publisher is made next, from these
+        clock=clock,
+    )
+    publisher = RejectionPublisher(store, key, docs.doc, on_error=on_error)
+    return docs, publisher
 
 
 class RejectionPublisher:

@@ -34,14 +34,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mcpcore.atomic_files import atomic_write
 from mcpcore.errors import InvalidArgument, NotFound, ResourceExhausted
 from mcpcore.keys import NAME_RE, VERSION_RE
 
@@ -248,20 +247,6 @@ def _file_digest(path: Path) -> tuple[str, int]:
     return h.hexdigest(), size
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def publish(root: str | Path) -> dict[str, list[str]]:
     """(Re)write ``manifest.json`` for every model version of the folder ``root`` from the files it holds
     now, then ``index.json``; returns the index. Run it after any change to the folder, before a remote
@@ -276,8 +261,8 @@ def publish(root: str | Path) -> dict[str, list[str]]:
                 digest, size = _file_digest(path)
                 entries[name] = {"sha256": digest, "size": size}
             doc = {"format": MANIFEST_FORMAT, "model": model, "version": version, "files": entries}
-            _atomic_write(version_dir / MANIFEST, _dump(doc))
-    _atomic_write(root / INDEX, index_document(models))
+            atomic_write(version_dir / MANIFEST, [_dump(doc)], 0o644)
+    atomic_write(root / INDEX, [index_document(models)], 0o644)
     return models
 
 
