@@ -195,6 +195,11 @@ class ControlService:
             if left <= 0:
                 break  # no leader answering: the split is written; say what the last status said
             await self._state.wait_change(left)
+        # The status is read from what arrived; the indexes (this traffic among them) are applied in
+        # batches after it: wait for them, so a read right after this answer sees the split.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                await self._state.idle.wait()
         return traffic, self.status(model).status.pending
 
     async def set_paused(
