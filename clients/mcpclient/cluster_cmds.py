@@ -22,7 +22,15 @@ from rich.text import Text
 
 from mcpapi.v2 import control_pb2, health_pb2, model_pb2
 from mcpclient.config import client_environment
-from mcpclient.ctlkit import Ctl, connects, output_option, pass_ctl, render_text, write_renderables
+from mcpclient.ctlkit import (
+    Ctl,
+    connects,
+    output_option,
+    pass_ctl,
+    prefix_option,
+    render_text,
+    write_renderables,
+)
 from mcpclient.load_progress import load_and_wait
 from mcpclient.views import (
     breaker_doc,
@@ -120,14 +128,7 @@ def status_table(scheduler: str, health: str) -> str:
     metavar="[SECONDS]",
     help="redraw every SECONDS (default 2) until Ctrl-C; with -o json, one document per line per refresh",
 )
-@click.option(
-    "--prefix",
-    envvar="MCP_ETCD_PREFIX",
-    default="/mcp",
-    show_default=True,
-    show_envvar=True,
-    help="the cluster's etcd key prefix (where services publish the documents they rejected)",
-)
+@prefix_option(" (where services publish the documents they rejected)")
 @connects("scheduler", "health", "etcd")
 @output_option
 @pass_ctl

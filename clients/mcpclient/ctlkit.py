@@ -48,6 +48,7 @@ __all__ = [
     "exit_code",
     "output_option",
     "pass_ctl",
+    "prefix_option",
     "render_text",
     "security_options",
 ]
@@ -274,3 +275,16 @@ def output_option(fn: F) -> F:
         callback=_override("output"),
         help="table (for people) or json (one document on stdout)",
     )(fn)
+
+
+def prefix_option(why: str) -> Callable[[F], F]:
+    """``--prefix`` (``MCP_ETCD_PREFIX``, default ``/mcp``): the cluster's etcd key prefix; ``why`` says
+    what the command reads under it."""
+    return click.option(
+        "--prefix",
+        envvar="MCP_ETCD_PREFIX",
+        default="/mcp",
+        show_default=True,
+        show_envvar=True,
+        help=f"the cluster's etcd key prefix{why}",
+    )

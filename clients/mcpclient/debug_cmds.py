@@ -26,7 +26,7 @@ from typing import Any
 import click
 from rich.text import Text
 
-from mcpclient.ctlkit import Ctl, Failure, connects, pass_ctl
+from mcpclient.ctlkit import Ctl, Failure, connects, pass_ctl, prefix_option
 from mcpcore.errors import InvalidArgument
 from mcpcore.etcd_store import EtcdAuth, EtcdStore
 from mcpcore.keys import Keyspace, check_name
@@ -66,14 +66,7 @@ def _snapshot(key: str, raw: bytes) -> dict[str, Any]:
 
 
 @click.command(name="dump")
-@click.option(
-    "--prefix",
-    envvar="MCP_ETCD_PREFIX",
-    default="/mcp",
-    show_default=True,
-    show_envvar=True,
-    help="the cluster's etcd key prefix",
-)
+@prefix_option("")
 @connects("etcd")
 @pass_ctl
 def dump_cmd(ctl: Ctl, prefix: str) -> None:

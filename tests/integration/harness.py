@@ -175,6 +175,36 @@ class SmallMesh:
     router: RouterProcess
 
 
+@dataclass
+class FullMesh:
+    prefix: str
+    worker: WorkerProcess
+    scheduler: SchedulerProcess
+    router: RouterProcess
+    health: HealthProcess
+
+
+@contextmanager
+def full_mesh(tmp: Path, etcd_endpoint: str, repo: Path, *, lease_ttl_s: float) -> Iterator[FullMesh]:
+    """One worker, a scheduler, a router and a health service on a fresh prefix, nothing loaded; stopped
+    in reverse. ``lease_ttl_s``: the worker's lease (long enough for what a test does to it)."""
+    prefix = f"/t{uuid.uuid4().hex[:8]}/mcp"
+    procs: list[Any] = []
+    try:
+        worker = WorkerProcess(tmp, etcd_endpoint, repo, prefix=prefix, lease_ttl_s=lease_ttl_s)
+        procs.append(worker.start())
+        scheduler = SchedulerProcess(tmp, etcd_endpoint, prefix=prefix, reconcile_interval_s=0.5)
+        procs.append(scheduler.start())
+        router = RouterProcess(tmp, etcd_endpoint, prefix=prefix, scheduler="")
+        procs.append(router.start())
+        health = HealthProcess(tmp, etcd_endpoint, prefix=prefix, check_interval_s=0.2)
+        procs.append(health.start())
+        yield FullMesh(prefix, worker, scheduler, router, health)
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
 @contextmanager
 def small_mesh(
     tmp: Path,

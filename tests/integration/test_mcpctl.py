@@ -20,7 +20,6 @@ import socket
 import subprocess
 import sys
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,12 +27,9 @@ from typing import Any
 import numpy as np
 import pytest
 from harness import (
-    HealthProcess,
-    RouterProcess,
-    SchedulerProcess,
-    WorkerProcess,
     etcd_get,
     etcd_put,
+    full_mesh,
     mlp_reference,
     wait_for,
 )
@@ -52,27 +48,13 @@ def mesh(
 ) -> Iterator[dict[str, Any]]:
     """One worker, a scheduler, a router and a health service on their own prefix; nothing loaded. The
     worker's lease outlives a short SIGSTOP (the load timeout test)."""
-    prefix = f"/t{uuid.uuid4().hex[:8]}/mcp"
-    tmp = tmp_path_factory.mktemp("mcpctl")
-    procs: list[Any] = []
-    try:
-        worker = WorkerProcess(tmp, etcd_endpoint, repo, prefix=prefix, lease_ttl_s=30)
-        procs.append(worker.start())
-        scheduler = SchedulerProcess(tmp, etcd_endpoint, prefix=prefix, reconcile_interval_s=0.5)
-        procs.append(scheduler.start())
-        router = RouterProcess(tmp, etcd_endpoint, prefix=prefix, scheduler="")
-        procs.append(router.start())
-        health = HealthProcess(tmp, etcd_endpoint, prefix=prefix, check_interval_s=0.2)
-        procs.append(health.start())
+    with full_mesh(tmp_path_factory.mktemp("mcpctl"), etcd_endpoint, repo, lease_ttl_s=30) as m:
         args = [
-            *("--scheduler", scheduler.endpoints["grpc"], "--router", router.endpoints["grpc"]),
-            *("--health", health.endpoints["grpc"], "--etcd", etcd_endpoint),
+            *("--scheduler", m.scheduler.endpoints["grpc"], "--router", m.router.endpoints["grpc"]),
+            *("--health", m.health.endpoints["grpc"], "--etcd", etcd_endpoint),
         ]
-        yield {"prefix": prefix, "worker": worker, "scheduler": scheduler, "router": router, "health": health,
-               "args": args}  # fmt: skip
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
+        yield {"prefix": m.prefix, "worker": m.worker, "scheduler": m.scheduler, "router": m.router,
+               "health": m.health, "args": args}  # fmt: skip
 
 
 def ctl(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

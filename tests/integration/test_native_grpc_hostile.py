@@ -12,7 +12,6 @@ import grpc.aio
 import pytest
 from grpc_conformance import (
     SERVICE,
-    TRANSPORTS,
     Behaviour,
     answers_again,
     h2_call,
@@ -25,15 +24,8 @@ from grpc_conformance import (
 )
 
 from mcp_native.grpc_server import STOP_MARGIN_S
-from mcpcore.call_context import RpcServer
 from mcpcore.serving import GrpcService
 from mcpcore.tls import TLSConfig
-
-
-@pytest.fixture(params=sorted(TRANSPORTS))
-def transport(request: pytest.FixtureRequest) -> type[RpcServer]:
-    """The server under test: grpc.aio (the reference) or the grpc++ front door."""
-    return TRANSPORTS[request.param]
 
 
 async def test_metadata_that_is_not_utf_8_reaches_the_handler_as_latin_1_and_ends_no_other_call(transport):

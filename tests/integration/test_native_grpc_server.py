@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 from grpc_conformance import (
     SERVICE,
-    TRANSPORTS,
     Behaviour,
     answers_again,
     make_certs,
@@ -39,12 +38,6 @@ from mcpapi.kserve import grpc_service_pb2_grpc as kserve_grpc
 from mcpcore.call_context import CallContext, RpcServer
 from mcpcore.serving import AioServer, GrpcService, Parts, join_parts
 from mcpcore.tls import TLSConfig
-
-
-@pytest.fixture(params=sorted(TRANSPORTS))
-def transport(request: pytest.FixtureRequest) -> type[RpcServer]:
-    """The server under test: grpc.aio (the reference) or the grpc++ front door."""
-    return TRANSPORTS[request.param]
 
 
 def test_both_servers_are_rpc_servers():

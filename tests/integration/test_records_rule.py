@@ -17,14 +17,13 @@ import asyncio
 import json
 import subprocess
 import sys
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from harness import HealthProcess, RouterProcess, SchedulerProcess, WorkerProcess, etcd_put, metric, wait_for
+from harness import etcd_put, full_mesh, metric, wait_for
 
 from mcpapi.v2 import control_pb2, control_pb2_grpc, inference_pb2, inference_pb2_grpc, model_pb2
 from mcpcore import dtypes
@@ -42,33 +41,21 @@ SPEC = {"versions": ["1", "2"], "replicas": 1, "fallback_version": "1"}
 def mesh(
     tmp_path_factory: pytest.TempPathFactory, etcd_endpoint: str, repo: Path
 ) -> Iterator[dict[str, Any]]:
-    prefix = f"/t{uuid.uuid4().hex[:8]}/mcp"
-    tmp = tmp_path_factory.mktemp("records")
-    procs: list[Any] = []
-    try:
-        worker = WorkerProcess(tmp, etcd_endpoint, repo, prefix=prefix, lease_ttl_s=10)
-        procs.append(worker.start())
-        scheduler = SchedulerProcess(tmp, etcd_endpoint, prefix=prefix, reconcile_interval_s=0.5)
-        procs.append(scheduler.start())
-        router = RouterProcess(tmp, etcd_endpoint, prefix=prefix, scheduler="")
-        procs.append(router.start())
-        health = HealthProcess(tmp, etcd_endpoint, prefix=prefix, check_interval_s=0.2)
-        procs.append(health.start())
-        control = control_pb2_grpc.ModelControlStub(scheduler.channel())
+    with full_mesh(tmp_path_factory.mktemp("records"), etcd_endpoint, repo, lease_ttl_s=10) as m:
+        control = control_pb2_grpc.ModelControlStub(m.scheduler.channel())
         spec = model_pb2.ModelSpec(model=MODEL, versions=["1", "2"], replicas=1, fallback_version="1")
         control.LoadModel(control_pb2.LoadModelRequest(spec=spec), timeout=60)
-        stub = inference_pb2_grpc.InferenceStub(router.channel())
+        stub = inference_pb2_grpc.InferenceStub(m.router.channel())
         wait_for(
             lambda: _answers(stub, "2") == "2" and _answers(stub, "1") == "1", what="both versions routed"
         )
         yield {
-            "keys": Keyspace(prefix), "prefix": prefix, "etcd": etcd_endpoint, "control": control,
+            "keys": Keyspace(m.prefix), "prefix": m.prefix, "etcd": etcd_endpoint, "control": control,
             "stub": stub,
-            "services": {"worker": worker, "scheduler": scheduler, "router": router, "health": health},
+            "services": {
+                "worker": m.worker, "scheduler": m.scheduler, "router": m.router, "health": m.health,
+            },
         }  # fmt: skip
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
 
 
 def _answers(stub: inference_pb2_grpc.InferenceStub, version: str = "") -> str:

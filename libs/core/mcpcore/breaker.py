@@ -1,7 +1,7 @@
 """Circuit breakers (DESIGN.md sections 7 and 8): what a breaker level does to a model's outputs.
 
 The documents themselves (the level at ``/mcp/breakers/<m>``, the policy at ``/mcp/config/breaker``) are
-``mcpcore.records.breaker``'s; their names are re-exported here for the code that acts on levels.
+``mcpcore.records.breaker``'s.
 
 Invariant: pure, no I/O.
 """
@@ -10,26 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mcpcore.records.breaker import (
-    ACTIONS,
-    DEFAULT_POLICY,
-    MAX_LEVEL,
-    BreakerDoc,
-    BreakerPolicy,
-    LevelRule,
-    format_duration,
-)
-
-__all__ = [
-    "ACTIONS",
-    "DEFAULT_POLICY",
-    "MAX_LEVEL",
-    "BreakerDoc",
-    "BreakerPolicy",
-    "LevelRule",
-    "format_duration",
-    "secondary_outputs_off",
-]
+__all__ = ["secondary_outputs_off"]
 
 
 def secondary_outputs_off(secondary: Sequence[str], features: Sequence[str]) -> frozenset[str]:

@@ -31,8 +31,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from mcpcore.breaker import BreakerDoc, BreakerPolicy, format_duration
 from mcpcore.errors import SERVER_SIDE_CLASSES, InvalidArgument
+from mcpcore.records.breaker import BreakerDoc, BreakerPolicy, format_duration
 
 __all__ = ["HEALTH", "BreakerController", "Decision", "error_rate"]
 
