@@ -8,7 +8,9 @@
   a fixed document clears it;
 - a field unknown to this version, put into each process-written record as a newer process would write
   it, is tolerated (the worker stays in the router's view and answers; the scheduler still counts its
-  copies) and counted (``mcp_record_unknown_fields_total`` on the readers' /metrics).
+  copies) and counted (``mcp_record_unknown_fields_total`` on the readers' /metrics); the records read
+  on request (a model's status, a drain, a demand report, a router's presence, a service's rejections)
+  the same through the scheduler's API and ``mcpctl``.
 """
 
 from __future__ import annotations
@@ -185,19 +187,21 @@ def test_a_malformed_operator_document_keeps_the_last_good_value_in_every_reader
     wait_for(lambda: not _rejecting(mesh, key), what="a fixed document clears the rejection")
 
 
-def _put_with_unknown_fields(mesh: dict[str, Any], key: str, add: Callable[[dict[str, Any]], None]) -> None:
+def _put_with_unknown_fields(mesh: dict[str, Any], key: str, add: Callable[[dict[str, Any]], None]) -> bool:
     """Rewrite ``key`` as a newer process would: its document plus fields this version does not know,
-    under the same lease."""
+    under the same lease. False: its writer has not written it yet."""
 
-    async def rewrite() -> None:
+    async def rewrite() -> bool:
         async with EtcdStore([mesh["etcd"]]) as store:
             kv = await store.get(key)
-            assert kv is not None, key
+            if kv is None:
+                return False
             doc = json.loads(kv.value)
             add(doc)
             await store.put(key, json.dumps(doc).encode(), lease=kv.lease)
+            return True
 
-    asyncio.run(rewrite())
+    return asyncio.run(rewrite())
 
 
 def _unknown(mesh: dict[str, Any], service: str, kind: str) -> float:
@@ -226,10 +230,76 @@ def test_a_newer_writers_fields_are_tolerated_and_counted(mesh):
 
         def counted(key: str = key, kind: str = kind, before: dict[str, float] = before) -> bool:
             # put again until each reader saw it: its writer may replace it before a watch batch shows it
-            _put_with_unknown_fields(mesh, key, add)
-            return all(_unknown(mesh, r, kind) > n for r, n in before.items())
+            written = _put_with_unknown_fields(mesh, key, add)
+            return written and all(_unknown(mesh, r, kind) > n for r, n in before.items())
 
         wait_for(counted, interval_s=0.5, what=f"{readers} counting the new {kind} fields")
     # tolerated: the worker is still in the router's view and answers; the scheduler still counts its copies
     assert _answers(mesh["stub"], "1") == "1" and _answers(mesh["stub"], "2") == "2"
     assert _mlp(mesh)["replicas_running"] == 2
+
+
+def _mcpctl(mesh: dict[str, Any], *args: str) -> str:
+    """The installed ``mcpctl`` (JSON output) against this mesh; its stdout."""
+    s = mesh["services"]
+    argv = [
+        str(MCPCTL), "--scheduler", s["scheduler"].endpoints["grpc"],
+        "--health", s["health"].endpoints["grpc"], "--etcd", mesh["etcd"], "-o", "json", *args,
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+NEWER = {"added_by_a_newer_version": [1, {"nested": True}]}
+
+
+def test_records_read_on_request_tolerate_a_newer_writers_fields(mesh):
+    k, s = mesh["keys"], mesh["services"]
+    router = s["router"].router_id
+
+    # a model's status (the scheduler writes it; its GetModelStatus reads it)
+    def status_counted(before: float = _unknown(mesh, "scheduler", "status")) -> bool:
+        assert _put_with_unknown_fields(mesh, k.model_status(MODEL), lambda d: d.update(NEWER))
+        request = control_pb2.GetModelStatusRequest(model=MODEL)
+        answer = mesh["control"].GetModelStatus(request, timeout=10)
+        assert answer.status.model == MODEL
+        return _unknown(mesh, "scheduler", "status") > before
+
+    wait_for(status_counted, interval_s=0.5, what="the scheduler counting a status's new fields")
+
+    # a demand report (routers write it; the scheduler indexes every one)
+    before = _unknown(mesh, "scheduler", "demand")
+    demand = {"requests": 0, "overflow": 0, "at": 1.0, **NEWER}
+    etcd_put(mesh["etcd"], k.demand("records-ghost-model", "records-ghost-router"), demand)
+    wait_for(lambda: _unknown(mesh, "scheduler", "demand") > before, what="the scheduler counting demand")
+
+    # a drain (the scheduler writes it; Undrain answers with its reason)
+    before = _unknown(mesh, "scheduler", "drain")
+    etcd_put(mesh["etcd"], k.drain("records-ghost"), {"reason": "moved racks", "at": 1.0, **NEWER})
+    out = json.loads(_mcpctl(mesh, "undrain", "records-ghost"))
+    assert "moved racks" in json.dumps(out)
+    assert _unknown(mesh, "scheduler", "drain") > before
+
+    # a router's presence (``mcpctl dump`` follows it to the router's snapshot)
+    def dumped() -> bool:
+        assert _put_with_unknown_fields(mesh, k.router(router), lambda d: d.update(NEWER))
+        found = json.loads(_mcpctl(mesh, "dump", "--prefix", mesh["prefix"]))["routers"][router]
+        assert "error" not in found, found
+        return "added_by_a_newer_version" in found["record"] and "snapshot" in found
+
+    wait_for(dumped, interval_s=0.5, what="mcpctl dump reading a newer router record")
+
+    # a service's rejections (``mcpctl status`` lists them)
+    rejection = {"key": "/x", "kind": "traffic", "reason": "from a newer service", "at": 1.0, **NEWER}
+    doc = {"service": "health", "instance": "newer-1", "rejections": [rejection], **NEWER}
+    etcd_put(mesh["etcd"], k.rejected("health", "newer-1"), doc)
+    listed = [r for r in _status(mesh)["rejections"] or () if r["instance"] == "newer-1"]
+    assert [(r["key"], r["reason"]) for r in listed] == [("/x", "from a newer service")]
+
+    async def tidy() -> None:  # the other tests read mcpctl status's rejections too
+        async with EtcdStore([mesh["etcd"]]) as store:
+            await store.delete(k.rejected("health", "newer-1"))
+            await store.delete(k.demand("records-ghost-model", "records-ghost-router"))
+
+    asyncio.run(tidy())
