@@ -32,9 +32,7 @@ Invariants:
   another worker may not hit (the worker died or was full, a timeout) is published as ``retrying`` only:
   the planner places the copy elsewhere meanwhile (the failed worker is in backoff for it), and LoadModel
   keeps waiting. The loop itself never dies.
-- A canary rollback (``RollbackCanary``) rewrites the traffic key by compare-and-swap on the mod revision
-  the round was planned from: if an operator wrote the key meanwhile, the rollback is skipped and the
-  next round decides again from what they wrote.
+- Actions are carried out by ``executor`` (fenced, idempotent; a canary rollback by compare-and-swap).
 - The leader publishes each model's status (``/mcp/models/<m>/status``) when it differs from what etcd
   holds, so any scheduler instance, ``mcpctl`` or ``etcdctl`` can read why a model is pending or failing
   (and a status lost with etcd's data is written again).
@@ -53,7 +51,6 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 from mcp_scheduler.actions import (
     Action,
@@ -62,28 +59,26 @@ from mcp_scheduler.actions import (
     InFlightActions,
     LoadReplica,
     ModelStatus,
-    PauseReplica,
     Plan,
     PublishRouting,
     ReplicaAction,
     RollbackCanary,
-    StartReplica,
     UnloadReplica,
     kind_of,
 )
 from mcp_scheduler.config import SchedulerConfig
+from mcp_scheduler.executor import Executor
 from mcp_scheduler.hot_copies import HotCopies
 from mcp_scheduler.plan import plan
 from mcp_scheduler.state import Changes, ClusterState
 from mcp_scheduler.view import ClusterView, ReplicaKey
 from mcp_scheduler.worker_client import WorkerClients
 from mcp_scheduler.workqueue import WorkQueue
-from mcpcore.errors import FailedPrecondition, MCPError, NotFound
+from mcpcore.errors import MCPError
 from mcpcore.fencing import Fence
-from mcpcore.keys import Keyspace, ReplicaId
-from mcpcore.lifecycle import ReplicaLifecycle, ReplicaState
+from mcpcore.keys import Keyspace
 from mcpcore.records.model import ModelStatusDoc, VersionCount
-from mcpcore.store import Compare, Delete, Put, Store
+from mcpcore.store import Delete, Put, Store
 
 __all__ = ["PERMANENT_LOAD_ERRORS", "STATUS_TXN_OPS", "Reconciler"]
 
@@ -139,8 +134,7 @@ class Reconciler:
         self._state = state
         self._store = store
         self._keys = keys
-        self._lifecycle = ReplicaLifecycle(store, keys)
-        self._clients = clients
+        self._executor = Executor(state, store, keys, clients, on_fenced=on_fenced)
         self._config = config
         self._is_leader = is_leader
         self._fence = fence
@@ -373,10 +367,7 @@ class Reconciler:
         """The action's written revision (0: unknown), or None when it failed."""
         async with self._slots:
             try:
-                if isinstance(action, RollbackCanary):
-                    written = await self._rollback(action, revision, fence)
-                else:
-                    written = await self._execute(action, view, fence)
+                written = await self._executor.run(action, view, revision, fence)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -391,96 +382,6 @@ class Reconciler:
                     self._errors.pop(action.model, None)
                     self._retrying.pop(action.model, None)
                 return written
-
-    async def _write(self, fence: Fence, op: Put | Delete, what: str) -> int:
-        """One etcd write as the leader: the revision written, or 0 (counted) once another leads."""
-        result = await self._store.txn([fence.compare()], [op])
-        if not result.succeeded:
-            self._on_fenced(what)
-            log.warning("%s not written: fenced, scheduler leader revision %d no longer leads",
-                        what, fence.revision)  # fmt: skip
-            return 0
-        return result.revision
-
-    async def _execute(self, action: Action, view: ClusterView, fence: Fence) -> int:
-        """Carry ``action`` out; the etcd revision of what it wrote, where known (else 0)."""
-        if isinstance(action, PublishRouting):
-            key = self._keys.model_routing(action.model)
-            raw = None if action.routing is None else action.routing.to_json()
-            if written := await self._write(fence, Delete(key) if raw is None else Put(key, raw), "routing"):
-                log.info("routing of %s now %s", action.model, action.routing)
-            return written
-        if isinstance(action, ForgetReplica):
-            await self._forget(action, view, fence)
-            return 0
-        calls = fence.metadata()
-        worker = view.workers.get(action.worker)
-        if worker is None:
-            raise NotFound(f"worker {action.worker} is gone")
-        if isinstance(action, LoadReplica):
-            spec = self._state.view().specs.get(action.model)
-            if spec is None:
-                return 0  # unloaded before its load began: nothing to do
-            log.info("loading %s/%s on %s (%s)", action.model, action.version, action.worker, action.reason)
-            response: Any = await self._clients.load(
-                worker.grpc,
-                action.model,
-                action.version,
-                memory_bytes=spec.memory_bytes,
-                max_batch_size=spec.max_batch_size,
-                max_queue_delay_us=spec.max_queue_delay_us,
-                priority=spec.priority,
-                latency_sensitivity=spec.latency_sensitivity,
-                metadata=calls,
-            )
-        elif isinstance(action, StartReplica):
-            response = await self._clients.resume(worker.grpc, action.model, action.version, metadata=calls)
-        elif isinstance(action, PauseReplica):
-            response = await self._clients.pause(worker.grpc, action.model, action.version, metadata=calls)
-        else:
-            log.info("unloading %s/%s on %s (%s)", action.model, action.version, action.worker, action.reason)
-            try:
-                response = await self._clients.unload(
-                    worker.grpc, action.model, action.version, metadata=calls
-                )
-            except NotFound:  # not held there: the stale record is forgotten next round
-                return 0
-        return int(response.replica.revision)  # the worker wrote its record before it answered
-
-    async def _rollback(self, action: RollbackCanary, revision: int, fence: Fence) -> int:
-        key = self._keys.model_traffic(action.model)
-        result = await self._store.txn(
-            [Compare(key, revision), fence.compare()], [Put(key, action.traffic.to_json())]
-        )
-        if not result.succeeded:
-            log.info("canary rollback of %s skipped: its traffic changed meanwhile, or this scheduler "
-                     "no longer leads", action.model)  # fmt: skip
-            return 0
-        log.warning("rolled back the canary of %s: %s", action.model, action.reason)
-        return result.revision
-
-    async def _forget(self, action: ForgetReplica, view: ClusterView, fence: Fence) -> None:
-        rid = ReplicaId(*action.key)
-        revision = action.revision
-        record = await self._lifecycle.get(rid)
-        if record is None or record.revision != revision:
-            return  # changed meanwhile: the next round decides again
-        # A replica forgotten because its worker is gone goes only while the worker is still gone: one
-        # that registered again meanwhile (etcd was away) keeps what it holds.
-        guard = [fence.compare()]
-        if rid.worker not in view.workers:
-            guard.append(Compare(self._keys.worker(rid.worker), 0))
-        try:
-            if record.state not in (ReplicaState.ERROR, ReplicaState.IDLE):
-                revision = (
-                    await self._lifecycle.transition(
-                        rid, ReplicaState.ERROR, reason=action.reason, expected_revision=revision, guard=guard
-                    )
-                ).revision
-            log.info("forgetting replica %s: %s", rid, action.reason)
-            await self._lifecycle.remove(rid, expected_revision=revision, guard=guard)
-        except FailedPrecondition:
-            pass  # changed meanwhile, the worker is back, or fenced: the next round decides again
 
     def _failed(self, action: Action, exc: BaseException) -> None:
         self._on_error("action")
