@@ -6,16 +6,16 @@ Invariants:
   way: the ``Starter`` queues it with callbacks for its answers, no task of its own. A coalesced message's
   requests (``KIND_BATCH``, sent by routers that read the record's ``zmq_features``) are each admitted,
   answered, retried and cancelled exactly as a single one, and their replies and refusals go back coalesced:
-  those ready in one loop iteration for one peer leave as one message, as do those of single requests flagged
-  ``FLAG_TAKES_COALESCED``. Any other single message is answered with single messages: older senders, the SDK.
+  those of single requests flagged ``FLAG_TAKES_COALESCED`` too (``router_socket.Outbox``). Any other single
+  message is answered with single messages: older senders, the SDK.
 - Bounded: a request for a model held here holds an ``Admission`` ticket (requests and tensor bytes in
   flight, shared fairly between models) from its arrival to its reply (one for any other model is answered
   "not loaded here", not started, before admission); past the bounds it is refused at once "exceeds maximum
-  queue size", not started (``FLAG_RETRYABLE``). The socket's high-water marks bound what libzmq buffers.
+  queue size", not started (``FLAG_RETRYABLE``). The socket's high-water marks bound what libzmq buffers
+  (``router_socket``).
 - Nothing a peer sends can stop the server: a malformed message is answered with an error reply (its
   gRPC code in the header) and the loop goes on. A tensor frame over ``max_tensor_bytes`` is answered
-  RESOURCE_EXHAUSTED; a single frame over ``max_message_bytes`` is refused by ZeroMQ itself
-  (``MAXMSGSIZE``, per frame) before it is buffered, which disconnects that peer instead of answering.
+  RESOURCE_EXHAUSTED; a frame over the message limit disconnects its peer (``MAXMSGSIZE``).
 - A reply over the limits is never sent: the request is answered RESOURCE_EXHAUSTED instead (it ran, so
   it is not retryable), and a router never has to drop a frame it cannot take.
 - ``FLAG_RETRYABLE`` goes only on errors raised before the request began to execute
@@ -26,10 +26,9 @@ Invariants:
   ``FLAG_DRAINING``, so routers send elsewhere at once and stop choosing this worker.
 - Tensors are received and sent without copies (``copy=False``; ``np.frombuffer`` views).
 - No future per frame: the socket is a plain (sync) one that the event loop watches by its file
-  descriptor. A readable callback takes up to ``_TAKE_PER_TURN`` whole messages with non-blocking calls
-  (a multipart message arrives whole, so its later frames never wait), then lets the loop run the rest;
-  ZeroMQ's descriptor is edge-like (a send can consume the edge a new message raised), so after a turn
-  that took its limit, and after every send, one more look is scheduled: no message is ever left unseen.
+  descriptor. A readable callback takes up to ``_TAKE_PER_TURN`` whole messages with non-blocking calls,
+  then lets the loop run the rest; the descriptor is edge-like (a send can consume the edge a new message
+  raised), so after a turn that took its limit, and after every send, one more look is scheduled.
 - The header is parsed once per request, on arrival (a coalesced message's headers in one parse):
   admission, the handler and the reply use that one.
 - A decoupled model answers with any number of replies: each one handed to the request's ``Partial``
@@ -63,8 +62,8 @@ import numpy as np
 import zmq
 
 from mcp_worker.tensor_server.admission import Admission, Ticket
-from mcp_worker.tensor_server.curve import secure
 from mcp_worker.tensor_server.replies import encode_reply, header_or_none
+from mcp_worker.tensor_server.router_socket import Outbox, open_router
 from mcp_worker.tensor_server.shared_memory import take_shared
 from mcpapi.v2 import tensor_pb2
 from mcpcore import logs, tracing, wire
@@ -150,8 +149,7 @@ class TensorServer:
         self._look_scheduled = False
         self._stopping = False
         self._started: dict[tuple[bytes, str], _Started] = {}  # (peer, request id) -> its request
-        self._outbox: dict[bytes, tuple[Any, list[list[Any]]]] = {}  # peer -> coalesced replies to send
-        self._flush_scheduled = False
+        self._outbox = Outbox(limits, after_send=self._look_again)
         self._idle = asyncio.Event()
         self._idle.set()
         self._tracing = tracing.enabled()  # resolved once: off, a request costs no trace work here
@@ -161,24 +159,13 @@ class TensorServer:
         self.last_request = 0.0  # monotonic time of the last message received
 
     async def start(self) -> str:
-        sock = self._ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a gone peer's reply is dropped, not an error
-        sock.setsockopt(zmq.MAXMSGSIZE, self._limits.max_message_bytes + self._limits.max_header_bytes)
-        # Replies are bounded by admission, so the send side never reaches its mark; the receive side
-        # stops reading from peers once this many messages wait (backpressure to the routers).
-        sock.setsockopt(zmq.SNDHWM, 4 * self.admission.max_requests + 64)
-        sock.setsockopt(zmq.RCVHWM, self.admission.max_requests)
-        interval, timeout = self._heartbeat
-        sock.setsockopt(zmq.HEARTBEAT_IVL, int(interval * 1000))
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(timeout * 1000))
-        sock.setsockopt(zmq.HEARTBEAT_TTL, int(timeout * 1000))
-        if self._curve_secret is not None:
-            self._authenticator = secure(sock, self._ctx, self._curve_secret, self._curve_clients)
-        sock.bind(self._bind)
-        self._sock = sock
+        sock, self._authenticator = open_router(
+            self._ctx, self._bind, limits=self._limits, max_requests=self.admission.max_requests,
+            heartbeat=self._heartbeat, curve_secret=self._curve_secret, curve_clients=self._curve_clients,
+        )  # fmt: skip
+        self._sock = self._outbox.sock = sock
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._loop = asyncio.get_running_loop()
+        self._loop = self._outbox.loop = asyncio.get_running_loop()
         self._loop.add_reader(sock.FD, self._readable)
         self._look_again()  # the descriptor signals changes, not state: look once to begin
         return self.endpoint
@@ -241,7 +228,7 @@ class TensorServer:
             self.admission.release(started.ticket)
         self._started.clear()
         self._idle.set()  # nothing is in flight any more: a wait_idle ends now
-        self._flush()  # replies already made still go
+        self._outbox.flush()  # replies already made still go
         if self._sock is not None:
             self._sock.close(linger=0)
         if self._authenticator is not None:
@@ -410,7 +397,7 @@ class TensorServer:
             log.exception("request %s: the reply could not be encoded", header.request_id)
             self._on_error("zmq_request")
             out = [wire.error_reply(header, Internal("internal error; the worker log has the details"))]
-        self._post(started.identity, out, coalesced=started.coalesced)
+        self._outbox.post(started.identity, out, coalesced=started.coalesced)
         self._settle()
 
     def _partial(
@@ -429,7 +416,7 @@ class TensorServer:
             log.exception("request %s: an answer could not be encoded", header.request_id)
             started.broken = Internal(f"an answer of model {header.model} could not be encoded ({exc})")
             return
-        self._send([started.identity, *frames], "a reply")
+        self._outbox.send([started.identity, *frames], "a reply")
         started.answers += 1
 
     def _cancel(self, peer: bytes, request_id: str) -> None:
@@ -441,7 +428,7 @@ class TensorServer:
             self.admission.release(started.ticket)
             error = Unavailable("cancelled: the sender gave up on the request")
             reply = [wire.error_reply(started.header, error)]
-            self._post(started.identity, reply, coalesced=started.coalesced)
+            self._outbox.post(started.identity, reply, coalesced=started.coalesced)
             self._settle()
 
     def _malformed(self, identity: Any, body: list[Any]) -> None:
@@ -489,40 +476,7 @@ class TensorServer:
         coalesced: bool = False,
     ) -> None:
         reply = wire.error_reply(header, error, retryable=retryable, flags=flags)
-        self._post(identity, [reply], coalesced=coalesced)
-
-    def _post(self, identity: Any, frames: list[Any], *, coalesced: bool) -> None:
-        """Send one reply: at once, or (a coalesced request's) with the peer's others of this iteration."""
-        if not coalesced:
-            self._send([identity, *frames], "a reply")
-            return
-        peer = bytes(identity.bytes)
-        queued = self._outbox.get(peer)
-        if queued is None:
-            self._outbox[peer] = (identity, [frames])
-        else:
-            queued[1].append(frames)
-        if not self._flush_scheduled and self._loop is not None:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush, context=contextvars.Context())
-
-    def _flush(self) -> None:
-        """Send each peer's coalesced replies of the last iteration, as few messages as the limits allow."""
-        self._flush_scheduled = False
-        outbox, self._outbox = self._outbox, {}
-        if self._sock is None or self._sock.closed:
-            return
-        for identity, replies in outbox.values():
-            for _, message in wire.coalesce(replies, self._limits):
-                self._send([identity, *message], "coalesced replies")
-
-    def _send(self, frames: list[Any], what: str) -> None:
-        assert self._sock is not None
-        try:  # a ROUTER send never blocks: past its high-water mark it drops
-            self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-        except zmq.ZMQError as exc:
-            log.warning("could not send %s: %s", what, exc)
-        self._look_again()  # the send may have taken the edge a new message raised
+        self._outbox.post(identity, [reply], coalesced=coalesced)
 
     def _receive(self) -> tuple[list[Any], tensor_pb2.TensorHeader | None]:
         """One multipart message (it is readable: called after POLLIN) and its parsed header (None if
