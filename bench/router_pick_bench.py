@@ -28,7 +28,8 @@ from prometheus_client import CollectorRegistry
 
 from mcp_router.router import Router
 from mcp_router.routing.ring import HashRing
-from mcp_router.snapshot import ModelRoute, RoutingTable, Snapshots, Split, WorkerEndpoint
+from mcp_router.routing.table import ModelRoute, RoutingTable, Split, WorkerEndpoint
+from mcp_router.snapshot import Snapshots
 from mcp_router.stats import RequestStats, RouterMetrics
 from mcpapi.v2 import tensor_pb2
 from mcpcore import wire

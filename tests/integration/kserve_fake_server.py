@@ -106,7 +106,8 @@ class NumpyDataPlane(DataPlane):
             got = {name: (str(a.dtype), list(a.shape)) for name, a in inputs.items()}
             raise InvalidArgument(f"model {model} takes INPUT0 FP32 [-1, 64]; got {got}")
         call = {"model": model, "version": version, "request_id": request_id, "shape": list(x.shape)}
-        print("CALL", json.dumps(call | options), flush=True)
+        shown = options | {"parameters": dict(options.get("parameters") or {})}  # any Mapping (the contract)
+        print("CALL", json.dumps(call | shown), flush=True)
         unknown = [name for name in options.get("outputs", ()) if name != "OUTPUT0"]
         if unknown:  # the DataPlane's part of the contract, as the router's
             raise InvalidArgument(f"model {model} has no output(s) {unknown}; it has ['OUTPUT0']")

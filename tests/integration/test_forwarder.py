@@ -19,8 +19,8 @@ import zmq
 import zmq.asyncio
 
 from mcp_router.config import RouterConfig
+from mcp_router.routing.table import WorkerEndpoint
 from mcp_router.server import RouterServer
-from mcp_router.snapshot import WorkerEndpoint
 from mcpapi.v2 import tensor_pb2
 from mcpcore import wire
 from mcpcore.config import load_config

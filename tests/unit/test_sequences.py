@@ -10,7 +10,7 @@ import pytest
 from mcp_router.dataplane import SequenceFlags
 from mcp_router.routing.ring import HashRing
 from mcp_router.routing.sequences import IDLE_S, SWEEP_EVERY, Sequences
-from mcp_router.snapshot import ModelRoute, RoutingTable, WorkerEndpoint
+from mcp_router.routing.table import ModelRoute, RoutingTable, WorkerEndpoint
 from mcpcore.errors import Aborted, InvalidArgument
 
 

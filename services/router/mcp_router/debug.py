@@ -15,7 +15,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from mcp_router.snapshot import ModelRoute, RoutingTable, WorkerEndpoint
+from mcp_router.routing.table import ModelRoute, RoutingTable, WorkerEndpoint
 
 if TYPE_CHECKING:
     from mcpcore.transport.forwarder import Forwarder

@@ -30,7 +30,8 @@ import numpy as np
 from mcp_router.dataplane import InferResult, SequenceFlags
 from mcp_router.routing.pick import Full, no_worker, pick_worker
 from mcp_router.routing.sequences import Pin, Sequences
-from mcp_router.snapshot import ModelRoute, Snapshots
+from mcp_router.routing.table import ModelRoute
+from mcp_router.snapshot import Snapshots
 from mcp_router.stats import RequestStats
 from mcp_router.trace import Trace
 from mcpapi.v2 import tensor_pb2
@@ -157,7 +158,9 @@ class Delivery:
                 raise attempts.final(DeadlineExceeded(f"request to {model}/{chosen} ran out of time"))
             if attempts.again:
                 self._stats.retried(attempts.again)
-            _sending(req, worker, attempts.again)
+            req.log["worker"] = worker
+            if req.span is not None or trace is not None:
+                _sending(req, worker, attempts.again)
             partial = None
             if req.on_partial is not None:
                 partial = _partial(model, chosen, worker, attempts, req.on_partial)
@@ -223,8 +226,7 @@ class Delivery:
 
 
 def _sending(req: Outgoing, worker: str, again: str) -> None:
-    """The request's log fields, span and Triton trace learn the worker it goes to now (and why again)."""
-    req.log["worker"] = worker
+    """The request's span and Triton trace learn the worker it goes to now (and why again)."""
     if req.span is not None:
         req.span.set_attribute("mcp.worker", worker)
         if again:

@@ -41,8 +41,9 @@ from mcp_router.dataplane import (
 )
 from mcp_router.delivery import Delivery, Outgoing
 from mcp_router.routing.sequences import Sequences
+from mcp_router.routing.table import ModelRoute
 from mcp_router.routing.versions import FLAG_SECONDARY_OFF, VersionChoice, unknown_version
-from mcp_router.snapshot import ModelRoute, Snapshots
+from mcp_router.snapshot import Snapshots
 from mcp_router.stats import UNKNOWN, RequestStats
 from mcp_router.trace import Trace
 from mcpcore import logs, tensor_signature, tracing, wire
@@ -296,26 +297,19 @@ class Router(DataPlane):
             if on_partial is not None and outputs:
                 shown = on_partial
                 on_partial = lambda r: shown(_select(route, r, outputs))  # noqa: E731
-            run = self._infer(
-                route,
-                version,
-                inputs,
-                routing_key=routing_key,
-                priority=priority,
-                timeout_s=timeout_s,
-                outputs=outputs,
-                parameters=parameters or {},
-                sequence=sequence,
-                on_partial=on_partial,
-                trace=trace,
-                log=fields,
-                span=span,
-            )
+            request = (
+                route, version, inputs, routing_key, priority, timeout_s, outputs, parameters or {},
+                sequence, on_partial, trace, fields, span,
+            )  # fmt: skip
             if sequence is None:
-                result = await run
+                result = await self._delivery.send(route, *self._outgoing(*request))
             else:  # one request of a sequence at a time, in order
                 async with self._sequences.turn(model, sequence):
-                    result = await run
+                    try:
+                        result = await self._delivery.send(route, *self._outgoing(*request))
+                    finally:
+                        if sequence.end:
+                            self._sequences.end(model, sequence)
             if outputs and result.outputs:  # a decoupled model's last reply may hold none
                 result = _select(route, result, outputs)
             status = "OK"
@@ -336,23 +330,24 @@ class Router(DataPlane):
         self._stats.record(model, result.version, None, time.perf_counter() - started, "OK")
         return result
 
-    async def _infer(
+    def _outgoing(  # noqa: PLR0917  (the tuple ``infer`` builds once, for either of its two calls)
         self,
         route: ModelRoute,
         version: str,
         inputs: Mapping[str, np.ndarray],
-        *,
         routing_key: str,
         priority: int,
         timeout_s: float | None,
-        outputs: tuple[str, ...] = (),
+        outputs: tuple[str, ...],
         parameters: Mapping[str, str],
         sequence: SequenceFlags | None,
         on_partial: Callable[[InferResult], None] | None,
         trace: Trace | None,
         log: dict[str, str],
         span: Any,
-    ) -> InferResult:
+    ) -> tuple[Outgoing, float]:
+        """What delivery sends for one request (the version chosen, the inputs checked) and its deadline;
+        a sequence's, once its turn has come."""
         model = route.name
         pin = None
         if sequence is not None:
@@ -367,7 +362,8 @@ class Router(DataPlane):
             tensor_signature.check_inputs(
                 where, meta.inputs, inputs, config.max_batch_size if config else None
             )
-            tensor_signature.check_outputs(where, meta.outputs, outputs)
+            if outputs:
+                tensor_signature.check_outputs(where, meta.outputs, outputs)
         if config is not None and config.decoupled and on_partial is None:
             raise InvalidArgument(
                 f"model {model}/{chosen} is decoupled (it may answer a request several times): send its "
@@ -386,8 +382,4 @@ class Router(DataPlane):
         )  # fmt: skip
         if span is not None:
             span.set_attributes({"mcp.version": chosen, "mcp.request_id": rid})
-        try:
-            return await self._delivery.send(route, req, deadline)
-        finally:
-            if sequence is not None and sequence.end:
-                self._sequences.end(model, sequence)
+        return req, deadline

@@ -26,7 +26,8 @@ from mcp_router.frontends.kserve_rest import RestFrontEnd
 from mcp_router.frontends.mesh_grpc import InferenceV1, InferenceV2
 from mcp_router.frontends.shm_regions import SharedMemory
 from mcp_router.router import Router
-from mcp_router.snapshot import RoutingTable, Snapshots
+from mcp_router.routing.table import RoutingTable
+from mcp_router.snapshot import Snapshots
 from mcp_router.stats import RequestStats, RouterMetrics, stats_publisher
 from mcp_router.trace import Tracer
 from mcpapi.kserve import grpc_service_pb2_grpc as kserve_grpc

@@ -19,8 +19,9 @@ Invariants:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -93,34 +94,43 @@ class Request:
     outputs: tuple[str, ...] = ()
 
 
-async def infer(
+def infer(
     dataplane: DataPlane,
     tracer: trace.Tracer,
     request: Request,
     *,
     caller: Any = None,
     on_partial: Callable[[InferResult], None] | None = None,
-) -> InferResult:
+) -> Awaitable[InferResult]:
     """Run one request through the DataPlane, traced (TraceSetting) when sampled. ``caller``: the trace
-    context the request's span is a child of (None: tracing off)."""
+    context the request's span is a child of (None: tracing off). Neither: the DataPlane's own call,
+    awaited by the door (no extra frame on the request path)."""
     traced = trace.begin(tracer, request.model, request.version, request.request_id, request.inputs)
-    token = tracing.attach(caller) if caller is not None else None
     options = request.options
+    run = dataplane.infer(
+        request.model,
+        request.version,
+        request.request_id,
+        request.inputs,
+        routing_key=options.routing_key,
+        priority=options.priority,
+        timeout_s=options.timeout_s,
+        outputs=request.outputs,
+        parameters=options.parameters,
+        sequence=options.sequence,
+        on_partial=on_partial,
+        trace=traced,
+    )
+    if traced is None and caller is None:
+        return run
+    return _traced(run, traced, caller)
+
+
+async def _traced(run: Awaitable[InferResult], traced: trace.Trace | None, caller: Any) -> InferResult:
+    """``run`` under the caller's trace context, its Triton trace ended with the outcome."""
+    token = tracing.attach(caller) if caller is not None else None
     try:
-        result = await dataplane.infer(
-            request.model,
-            request.version,
-            request.request_id,
-            request.inputs,
-            routing_key=options.routing_key,
-            priority=options.priority,
-            timeout_s=options.timeout_s,
-            outputs=request.outputs,
-            parameters=options.parameters,
-            sequence=options.sequence,
-            on_partial=on_partial,
-            trace=traced,
-        )
+        result = await run
     except BaseException:
         trace.end(traced)
         raise
@@ -201,9 +211,14 @@ class InferOptions:
     sequence: SequenceFlags | None = None
 
 
+_NO_PARAMETERS: Mapping[str, str] = MappingProxyType({})
+
+
 def infer_options(values: Mapping[str, Any], deadline_s: float | None = None) -> InferOptions:
     """Triton's request parameters (their values: from gRPC's InferParameter or REST's JSON) as DataPlane
     arguments; ``deadline_s`` is the time the caller has left."""
+    if not values:  # most requests carry none
+        return InferOptions("", 0, deadline_s, _NO_PARAMETERS, None)
     routing_key = values.get("routing_key")
     if routing_key is not None and not isinstance(routing_key, str):
         raise InvalidArgument("parameter routing_key must be a string (string_param)")

@@ -146,7 +146,7 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
             raise InvalidArgument("model_name is empty; name the model to run")
         inputs = decode_inputs(request, self._shm, raw)
         requested, into_shm = requested_outputs(request)
-        values = {key: param_value(p) for key, p in request.parameters.items()}
+        values = {key: param_value(p) for key, p in request.parameters.items()} if request.parameters else {}
         options = kserve_codec.infer_options(values, deadline_s)
         request_id = request.id  # the client's: only echoed in the response (the wire id is the router's)
         on_partial = None

@@ -29,7 +29,7 @@ from mcpcore.errors import Aborted, InvalidArgument
 
 if TYPE_CHECKING:
     from mcp_router.dataplane import SequenceFlags
-    from mcp_router.snapshot import ModelRoute, RoutingTable
+    from mcp_router.routing.table import ModelRoute, RoutingTable
 
 __all__ = ["IDLE_S", "SWEEP_EVERY", "Pin", "Sequences"]
 

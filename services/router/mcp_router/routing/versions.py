@@ -13,24 +13,23 @@ Pure: no I/O. One ``VersionChoice`` per router, used from its event loop (its ro
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from mcp_router.routing.split import SmoothWeightedRoundRobin, choose_version
 from mcpapi.v2 import tensor_pb2
 from mcpcore.errors import NotFound, Unavailable, not_started
 
 if TYPE_CHECKING:
-    from mcp_router.snapshot import ModelRoute
+    from mcp_router.routing.table import ModelRoute
 
 __all__ = ["FLAG_SECONDARY_OFF", "Choice", "VersionChoice", "unknown_version"]
 
 FLAG_SECONDARY_OFF = tensor_pb2.FLAG_SECONDARY_FEATURES_OFF
 
 
-class Choice(NamedTuple):
-    version: str
-    level: int  # the model's breaker level now
-    flags: int  # TensorHeader flags the request carries
+#: (the version, the model's breaker level now, the TensorHeader flags the request carries); a plain tuple,
+#: made once per request.
+Choice = tuple[str, int, int]
 
 
 def unknown_version(route: ModelRoute, version: str) -> NotFound:
@@ -50,9 +49,9 @@ class VersionChoice:
         if version:
             if not route.knows(version):
                 raise unknown_version(route, version)
-            return Choice(version, level, flags)
+            return version, level, flags
         if level >= 3 and route.fallback_version and route.fallback_version in route.rings:
-            return Choice(route.fallback_version, level, flags)
+            return route.fallback_version, level, flags
         split = route.routing
         if split is None:
             if route.load_on_demand:
@@ -70,4 +69,4 @@ class VersionChoice:
                 rr = self._rr[route.name] = SmoothWeightedRoundRobin.for_canary(
                     split.stable, canary, split.canary_percent
                 )
-        return Choice(choose_version(split.stable, canary, split.canary_percent, key, rr), level, flags)
+        return choose_version(split.stable, canary, split.canary_percent, key, rr), level, flags
