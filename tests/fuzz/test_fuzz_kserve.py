@@ -78,6 +78,8 @@ _datatypes = st.one_of(
 _shapes = st.one_of(
     st.tuples(st.integers(0, 4), st.sampled_from([64, 63, 65, 0])).map(list),
     st.lists(st.one_of(st.integers(-2, 70), _INT64), max_size=4),
+    st.lists(st.integers(0, 2), min_size=60, max_size=100),  # past numpy's 64 dimensions
+    st.tuples(st.just(0), st.integers(1 << 20, 1 << 62), st.integers(1 << 20, 1 << 62)).map(list),
 )
 _params = st.one_of(
     st.builds(pb.InferParameter, bool_param=st.booleans()),
@@ -244,6 +246,8 @@ def test_bytes_that_are_no_request(mesh, channel, expected, data: bytes, stream:
         pytest.param([1 << 31, 64], id="dim-past-int32"),
         pytest.param([1 << 40, 1 << 40], id="product-overflows"),
         pytest.param([-1, 64], id="negative"),
+        pytest.param([0, (1 << 31) - 1, (1 << 31) - 1], id="empty-but-vast"),
+        pytest.param([1] * 100, id="100-dimensions"),
     ],
 )
 def test_sizes(mesh, channel, expected, shape: list[int]) -> None:  # type: ignore[no-untyped-def]

@@ -128,6 +128,8 @@ def infer_docs(draw: st.DrawFn) -> dict[str, Any]:
             st.one_of(
                 st.just([rows, 64]),
                 st.lists(st.one_of(st.integers(-2, 70), st.integers(-(1 << 70), 1 << 70)), max_size=4),
+                st.lists(st.integers(0, 2), min_size=60, max_size=100),  # past numpy's 64 dimensions
+                st.tuples(st.just(0), st.integers(1 << 20, 1 << 62), st.integers(1 << 20, 1 << 62)).map(list),
                 _json,
             )
         ),
@@ -136,6 +138,7 @@ def infer_docs(draw: st.DrawFn) -> dict[str, Any]:
                 st.just(np.ones(rows * 64).tolist()),
                 st.just(np.ones((rows, 64)).tolist()),
                 st.lists(st.floats(allow_nan=True, allow_infinity=True), max_size=70),
+                st.lists(st.sampled_from([1e39, -1e39, 3.4e38, 1e308]), max_size=70),  # past FP32's range
                 st.lists(st.integers(-(1 << 70), 1 << 70), max_size=70),
                 _json,
             )
@@ -232,6 +235,7 @@ def _doc(datatype: bytes, data: bytes) -> bytes:
         pytest.param(_doc(b'"INT64"', b"[" + b"9" * 5000 + b"]"), id="5000-digit-int"),
         pytest.param(_doc(b'"FP32"', b"[" * 5000 + b"1" + b"]" * 5000), id="deep-data"),
         pytest.param(b"\xff\xfe\x00", id="not-utf8"),
+        pytest.param(_doc(b'"FP32"', b"[1e400]"), id="number-past-float64"),
         # a 10 kB name quoted twice once made a 20 kB message (found by make chaos's fuzz run)
         pytest.param(
             b'{"inputs": [{"name": "' + b"x" * 10_000 + b'", "datatype": "' + b"x" * 10_000 + b'", '

@@ -400,7 +400,7 @@ def shared_memory_input() -> pb.ModelInferRequest:
             lambda: with_raw("BYTES", [2], b"\1\0\0\0xyzw"),
             "input INPUT0: BYTES data ends after 1 of 2 elements",
         ),
-        (lambda: with_raw("BYTES", [1 << 30], b""), "1073741824 BYTES elements cannot fit in 0 bytes"),
+        (lambda: with_raw("BYTES", [1 << 30], b""), "shape [1073741824] of BYTES spans 4294967296 bytes"),
         (
             lambda: with_raw("BF16", [2], b"\0\0"),
             "input INPUT0: raw content is 2 bytes but shape [2] of BF16",

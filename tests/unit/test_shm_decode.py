@@ -51,13 +51,25 @@ def test_one_raw_entry_too_many_is_refused(shm):
         decode_inputs(request, shm)
 
 
-@pytest.mark.parametrize("shape", [[0, 2**62], [2**32, 2**32], [2**31, 1]])
+@pytest.mark.parametrize(
+    "shape", [[0, 2**62], [2**32, 2**32], [2**31, 1], [0, 2**31 - 1, 2**31 - 1], [0, 2**25]]
+)
 def test_a_shape_numpy_cannot_hold_is_invalid_not_internal(shm, shape):
     request = pb.ModelInferRequest(model_name="m")
     request.inputs.add(name="A", datatype="FP32", shape=shape)
     request.raw_input_contents.append(b"")
-    with pytest.raises(InvalidArgument, match="is too large"):
+    with pytest.raises(InvalidArgument, match=r"spans \d+ bytes; the router takes tensors of at most"):
+        decode_inputs(request, shm, max_bytes=64 << 20)
+
+
+def test_more_dimensions_than_numpy_takes_are_invalid_not_internal(shm):
+    request = pb.ModelInferRequest(model_name="m")
+    request.inputs.add(name="A", datatype="FP32", shape=[1] * 65)
+    request.raw_input_contents.append(b"\0" * 4)
+    with pytest.raises(InvalidArgument, match="shape has 65 dimensions; at most 64"):
         decode_inputs(request, shm)
+    del request.inputs[0].shape[64:]  # 64 of them: numpy's limit, taken
+    assert decode_inputs(request, shm)["A"].shape == (1,) * 64
 
 
 def test_keys_that_leave_the_directory_or_name_no_object_are_refused(tmp_path):

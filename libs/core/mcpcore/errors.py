@@ -11,6 +11,8 @@ Invariants:
   exceptions.
 - An exception that is not an ``MCPError`` never leaks its text to a client: ``log_unexpected`` logs it
   with its traceback and answers ``Internal`` with a generic message.
+- An error that has been answered keeps no frames (``forget_frames``): nothing of a failed request stays
+  reachable through it.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ __all__ = [
     "Unavailable",
     "error_class",
     "error_for_code",
+    "forget_frames",
     "log_unexpected",
     "not_started",
 ]
@@ -245,3 +248,19 @@ def log_unexpected(exc: BaseException, where: str) -> MCPError:
     ``Internal`` (its text never reaches a client)."""
     log.error("unexpected error in %s", where, exc_info=exc)
     return Internal(GENERIC_INTERNAL)
+
+
+def forget_frames(exc: BaseException | None) -> None:
+    """Drop the tracebacks of an error that has been answered, and of the errors it chains (``__cause__``,
+    ``__context__``). A traceback holds the frames it passed through, and so a request's tensors; a
+    frame that also holds the error (``failure = err``) makes a cycle that only the cyclic collector
+    frees, which the services run rarely: without this, failed requests' bytes outlive their answers."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.__traceback__ = None
+        todo += [e.__cause__, e.__context__]

@@ -34,10 +34,10 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import IO, Any
 
-__all__ = ["FORMATS", "TEXT_FORMAT", "JsonFormatter", "bind", "bound", "reset", "setup"]
+__all__ = ["FORMATS", "TEXT_FORMAT", "JsonFormatter", "OncePer", "bind", "bound", "reset", "setup"]
 
 FORMATS = ("json", "text")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -117,3 +117,25 @@ def setup(
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
+
+
+class OncePer:
+    """Say yes to a cause at most once per ``interval_s`` (and count the times in between), so that a
+    flood of one bad input costs one log line a period: ``if (n := limiter.allow(cause)) is not None:
+    log.warning(..., n)`` where ``n`` is how many were left unsaid since the last line."""
+
+    def __init__(self, interval_s: float = 10.0, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._interval = interval_s
+        self._clock = clock
+        self._last: dict[str, tuple[float, int]] = {}  # cause -> (when last said, times unsaid since)
+
+    def allow(self, cause: str) -> int | None:
+        now = self._clock()
+        last = self._last.get(cause)
+        if last is not None and now - last[0] < self._interval:
+            self._last[cause] = (last[0], last[1] + 1)
+            return None
+        if len(self._last) >= 1024:  # causes are few; a flood of distinct ones is bounded all the same
+            self._last.clear()
+        self._last[cause] = (now, 0)
+        return last[1] if last is not None else 0

@@ -92,7 +92,7 @@ class _Attempts:
 
     def failed(self, worker: str, error: MCPError, again: str) -> None:
         self.tried.add(worker)
-        self.last, self.again = error, again
+        self.last, self.again = error.with_traceback(None), again  # kept: no frames (they hold this)
 
     def final(self, fallback: MCPError) -> MCPError:
         """The error to answer with once nothing is left to try: the last worker's answer, never marked

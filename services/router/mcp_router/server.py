@@ -149,6 +149,7 @@ class RouterServer:
             tracer=self.tracer,
             drain_timeout_s=config.drain_timeout_s,
             tls=config.tls,
+            max_tensor_bytes=config.max_message_bytes,
         )
         self._metrics_server: Any = None
         self._lag = LoopLagMonitor(self.metrics.loop_lag.observe)
@@ -169,7 +170,13 @@ class RouterServer:
         self.grpc.add(v2_grpc.add_InferenceServicer_to_server, InferenceV2(self.router))
         self.grpc.add(
             kserve_grpc.add_GRPCInferenceServiceServicer_to_server,
-            KServeServicer(self.router, version=VERSION, shm=self.shm, tracer=self.tracer),
+            KServeServicer(
+                self.router,
+                version=VERSION,
+                shm=self.shm,
+                tracer=self.tracer,
+                max_tensor_bytes=self.config.max_message_bytes,
+            ),
         )
         port = await self.grpc.start(cfg.grpc.host, cfg.grpc.port)
         rest_port = None

@@ -6,6 +6,8 @@ Invariants:
   ``NOT_STARTED_METADATA`` in the trailing metadata when the error is marked ``not_started``.
 - Anything else is logged with its traceback and answered ``INTERNAL`` with a generic message
   (``errors.log_unexpected``); a handler's own ``context.abort`` is kept as it was.
+- An answered error keeps no frames (``errors.forget_frames``): a failed request's bytes are freed with
+  its answer, not when the cyclic collector next runs.
 - A request whose bytes do not parse is answered ``INVALID_ARGUMENT`` naming the method (grpc would
   answer a deserializer's exception ``UNKNOWN``).
 """
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import grpc.aio
 
-from mcpcore.errors import InvalidArgument, MCPError, log_unexpected
+from mcpcore.errors import InvalidArgument, MCPError, forget_frames, log_unexpected
 from mcpcore.transport.grpc_status import NOT_STARTED_METADATA, to_grpc
 
 if TYPE_CHECKING:
@@ -61,6 +63,7 @@ def _guard_unary(behavior: Any, method: str, check: Check | None) -> Any:
             if getattr(exc, "not_started", False):
                 context.set_trailing_metadata((NOT_STARTED_METADATA,))
             code, message = _status_for(exc, method)
+            forget_frames(exc)  # the request's bytes go with the answer
             context.set_code(code)
             context.set_details(message)
             return None
@@ -86,7 +89,9 @@ def _guard_stream(behavior: Any, method: str, check: Check | None) -> Any:
         except Exception as exc:
             if getattr(exc, "not_started", False):
                 context.set_trailing_metadata((NOT_STARTED_METADATA,))
-            await context.abort(*_status_for(exc, method))
+            status = _status_for(exc, method)
+            forget_frames(exc)
+            await context.abort(*status)
 
     return agen
 

@@ -5,13 +5,17 @@ Both adapters (``kserve_grpc``, ``kserve_rest``) decode their transport's tensor
 values here and nothing else: neither imports the other.
 
 Invariants:
-- Request parameters are Triton's: "priority" (int64 or uint64), "timeout" (int64, microseconds, 0 =
-  none), "routing_key" (string; else "sequence_id" keys the route), "sequence_id" (int or string; 0 or
-  "" = none) with "sequence_start"/"sequence_end" (bools). Every other parameter (scalars only, at most
+- Request parameters are Triton's: "priority" (int64 or uint64), "timeout" (microseconds in 0..2^63-1, 0 =
+  none), "routing_key" (string; else "sequence_id" keys the route), "sequence_id" (an integer in
+  0..2^64-1 or a string of at most 256 characters; 0 or "" = none) with "sequence_start"/"sequence_end"
+  (bools). Every other parameter (scalars only, at most
   ``MAX_PARAMETERS`` and ``MAX_PARAMETER_BYTES``) goes on to the worker's backend as a string, but the
   transports' own (triton_enable_empty_final_response, binary_data_output). A caller's deadline, when
   shorter than "timeout", bounds the request.
-- Bad input is ``InvalidArgument`` naming the tensor or parameter; nothing here knows a status code.
+- Bad input is ``InvalidArgument`` naming the tensor or parameter; nothing here knows a status code. A
+  tensor has at most ``MAX_DIMS`` dimensions and its shape spans at most the door's byte bound (the
+  router's ``max_message_bytes``), so numpy never refuses it later; a request id has at most
+  ``MAX_REQUEST_ID_CHARS``.
 - ``infer`` is the one request path of both doors: the Triton trace (TraceSetting) around the DataPlane
   call, under the caller's OpenTelemetry context when tracing is on.
 """
@@ -32,14 +36,19 @@ from mcpcore import tracing
 from mcpcore.errors import InvalidArgument, NotFound, Unavailable
 
 __all__ = [
+    "BYTES_ELEMENT",
+    "DEFAULT_MAX_TENSOR_BYTES",
     "EMPTY_FINAL",
     "EXTENSIONS",
+    "MAX_DIMS",
     "MAX_PARAMETERS",
     "MAX_PARAMETER_BYTES",
+    "MAX_REQUEST_ID_CHARS",
     "NO_CUDA_SHM",
     "SERVER_NAME",
     "InferOptions",
     "Request",
+    "check_request_id",
     "check_shape",
     "infer",
     "infer_options",
@@ -78,6 +87,8 @@ _CONSUMED_PARAMETERS = frozenset(
      "sequence_end", "binary_data_output"}
 )  # fmt: skip
 MAX_PARAMETERS = 64  # passed on to the backend, per request
+MAX_REQUEST_ID_CHARS = 1024  # a client's request id (Triton sets none; ours is echoed and logged)
+INT64_MAX, UINT64_MAX = (1 << 63) - 1, (1 << 64) - 1
 MAX_PARAMETER_BYTES = 16 << 10  # their keys and values in all (the ZeroMQ header holds them)
 
 
@@ -170,17 +181,32 @@ def load_version(values: Mapping[str, Any]) -> str:
     return version
 
 
-MAX_DIM = (1 << 31) - 1  # no dimension past this (numpy and the wire could not take it anyway)
+MAX_DIMS = 64  # dimensions of a tensor (numpy's own limit)
+#: The most bytes a tensor's shape may span unless a door is given its own bound (the router gives its
+#: ``max_message_bytes``: no larger tensor can reach a worker).
+DEFAULT_MAX_TENSOR_BYTES = 64 << 20
+BYTES_ELEMENT = 4  # the least a BYTES element takes on the wire (its 4-byte length)
 
 
-def check_shape(what: str, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """A tensor's shape from a client: non-negative dimensions numpy can hold."""
+def check_shape(
+    what: str, shape: tuple[int, ...], datatype: str, itemsize: int, max_bytes: int
+) -> tuple[int, ...]:
+    """A tensor's shape from a client: at most ``MAX_DIMS`` non-negative dimensions spanning at most
+    ``max_bytes`` of ``datatype`` (``itemsize`` bytes an element). An empty dimension does not make the
+    others free: numpy refuses a shape whose other dimensions it cannot index."""
+    if len(shape) > MAX_DIMS:
+        raise InvalidArgument(f"{what}: shape has {len(shape)} dimensions; at most {MAX_DIMS}")
     if not shape:
         return shape
     if min(shape) < 0:
         raise InvalidArgument(f"{what}: shape {list(shape)} has a negative dimension")
-    if max(shape) > MAX_DIM or math.prod(shape) > MAX_DIM:
-        raise InvalidArgument(f"{what}: shape {list(shape)} is too large (at most {MAX_DIM} elements)")
+    count = math.prod(shape)
+    span = count if count else math.prod(d or 1 for d in shape)
+    if span * itemsize > max_bytes:
+        raise InvalidArgument(
+            f"{what}: shape {list(shape)} of {datatype} spans {span * itemsize} bytes; the router takes "
+            f"tensors of at most {max_bytes} bytes (max_message_bytes): send a smaller batch"
+        )
     return shape
 
 
@@ -225,10 +251,8 @@ def infer_options(values: Mapping[str, Any], deadline_s: float | None = None) ->
     sequence = _sequence(values)
     if routing_key is None:
         routing_key = sequence.id if sequence is not None else ""
-    priority = _int_param(values, "priority")
-    timeout_us = _int_param(values, "timeout")
-    if timeout_us < 0:
-        raise InvalidArgument(f"parameter timeout is {timeout_us}; give microseconds >= 0 (0 = no timeout)")
+    priority = _int_param(values, "priority", -INT64_MAX - 1, UINT64_MAX)  # the DataPlane bounds it
+    timeout_us = _int_param(values, "timeout", 0, INT64_MAX)  # microseconds, 0 = none
     timeout_s = timeout_us / 1e6 if timeout_us else None
     if deadline_s is not None:
         timeout_s = deadline_s if timeout_s is None else min(timeout_s, deadline_s)
@@ -258,6 +282,15 @@ def _passed_on(values: Mapping[str, Any]) -> dict[str, str]:
     return rest
 
 
+def check_request_id(request_id: str) -> str:
+    """A client's request id (echoed in the answer, logged): at most ``MAX_REQUEST_ID_CHARS``."""
+    if len(request_id) > MAX_REQUEST_ID_CHARS:
+        raise InvalidArgument(
+            f"the request id is {len(request_id)} characters; at most {MAX_REQUEST_ID_CHARS} are taken"
+        )
+    return request_id
+
+
 def _sequence(values: Mapping[str, Any]) -> SequenceFlags | None:
     """The request's sequence, Triton's way: a non-zero integer or non-empty string id, and bools."""
     raw = values.get("sequence_id")
@@ -269,6 +302,11 @@ def _sequence(values: Mapping[str, Any]) -> SequenceFlags | None:
         flags[key] = flag
     if isinstance(raw, bool) or not isinstance(raw, (int, str, type(None))):
         raise InvalidArgument("parameter sequence_id must be an integer or a string")
+    if isinstance(raw, int) and not 0 <= raw <= UINT64_MAX:
+        raise InvalidArgument(
+            f"parameter sequence_id {raw} is out of range: an id is an integer in 1..{UINT64_MAX} (uint64, "
+            "0 = none) or a string"
+        )
     if raw in (None, 0, ""):
         if flags["sequence_start"] or flags["sequence_end"]:
             raise InvalidArgument(
@@ -280,12 +318,14 @@ def _sequence(values: Mapping[str, Any]) -> SequenceFlags | None:
     return SequenceFlags(str(raw), flags["sequence_start"], flags["sequence_end"])
 
 
-def _int_param(values: Mapping[str, Any], key: str) -> int:
+def _int_param(values: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
     value = values.get(key)
     if value is None:
         return 0
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(f"parameter {key} must be an integer (int64_param or uint64_param)")
+    if not lo <= value <= hi:
+        raise InvalidArgument(f"parameter {key} is {value}; it takes {lo}..{hi}")
     return value
 
 

@@ -53,8 +53,10 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         version: str,
         shm: SharedMemory | None = None,
         tracer: trace.Tracer | None = None,
+        max_tensor_bytes: int = kserve_codec.DEFAULT_MAX_TENSOR_BYTES,
     ) -> None:
         self._dataplane = dataplane
+        self._max_tensor_bytes = max_tensor_bytes
         self._version = version
         self._shm = shm if shm is not None else SharedMemory()
         self._tracer = tracer if tracer is not None else trace.Tracer()
@@ -144,11 +146,12 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         span is a child of (None: tracing off)."""
         if not request.model_name:
             raise InvalidArgument("model_name is empty; name the model to run")
-        inputs = decode_inputs(request, self._shm, raw)
+        inputs = decode_inputs(request, self._shm, raw, self._max_tensor_bytes)
         requested, into_shm = requested_outputs(request)
         values = {key: param_value(p) for key, p in request.parameters.items()} if request.parameters else {}
         options = kserve_codec.infer_options(values, deadline_s)
-        request_id = request.id  # the client's: only echoed in the response (the wire id is the router's)
+        # the client's: only echoed in the response (the wire id is the router's)
+        request_id = kserve_codec.check_request_id(request.id)
         on_partial = None
         if partial is not None:
             send = partial

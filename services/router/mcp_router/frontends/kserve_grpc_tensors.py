@@ -20,7 +20,12 @@ from typing import Any
 import numpy as np
 
 from mcp_router.dataplane import InferResult
-from mcp_router.frontends.kserve_codec import check_shape, shm_reference
+from mcp_router.frontends.kserve_codec import (
+    BYTES_ELEMENT,
+    DEFAULT_MAX_TENSOR_BYTES,
+    check_shape,
+    shm_reference,
+)
 from mcp_router.frontends.shm_regions import SharedMemory
 from mcpapi.kserve import grpc_service_pb2 as pb
 from mcpcore import dtypes
@@ -55,10 +60,14 @@ _FIELD_DTYPE = {
 
 
 def decode_inputs(
-    request: pb.ModelInferRequest, shm: SharedMemory | None = None, raw: Sequence[Any] | None = None
+    request: pb.ModelInferRequest,
+    shm: SharedMemory | None = None,
+    raw: Sequence[Any] | None = None,
+    max_bytes: int = DEFAULT_MAX_TENSOR_BYTES,
 ) -> dict[str, np.ndarray]:
     """The request's input tensors by name, from its raw entries (``raw``, else its own
-    ``raw_input_contents``), typed ``contents`` or a system shared memory region registered with ``shm``."""
+    ``raw_input_contents``), typed ``contents`` or a system shared memory region registered with ``shm``;
+    no tensor's shape spans more than ``max_bytes``."""
     if raw is None:
         raw = request.raw_input_contents
     # raw entries belong, in order, to the inputs that are not in shared memory (as tritonclient sends them)
@@ -77,16 +86,21 @@ def decode_inputs(
         entry = None
         if raw and not in_shm:
             entry, next_raw = raw[next_raw], next_raw + 1
-        arrays[tensor.name] = _decode_tensor(tensor, entry, shm, in_shm)
+        arrays[tensor.name] = _decode_tensor(tensor, entry, shm, in_shm, max_bytes)
     return arrays
 
 
 def _decode_tensor(
-    tensor: pb.ModelInferRequest.InferInputTensor, raw: Any, shm: SharedMemory | None, in_shm: bool
+    tensor: pb.ModelInferRequest.InferInputTensor,
+    raw: Any,
+    shm: SharedMemory | None,
+    in_shm: bool,
+    max_bytes: int,
 ) -> np.ndarray:
     name = tensor.name
-    shape = check_shape(f"input {name}", tuple(tensor.shape))
     dtype = _input_dtype(name, tensor.datatype)
+    itemsize = BYTES_ELEMENT if tensor.datatype == dtypes.BYTES else dtype.itemsize
+    shape = check_shape(f"input {name}", tuple(tensor.shape), tensor.datatype, itemsize, max_bytes)
     if in_shm:
         if shm is None:
             raise InvalidArgument(f"input {name}: shared memory is not supported; send raw_input_contents")

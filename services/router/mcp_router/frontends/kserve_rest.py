@@ -21,7 +21,11 @@ Invariants:
   ``mcpcore.transport.http_status`` gives the error's code (Triton's table: 400 bad input, 404 not
   found, 503 unavailable, 500 internal, ...); a body that is not JSON, or binary data that does not add
   up, is a 400 naming what is wrong.
-- A request body over ``max_body_bytes`` is refused 413 before it is read whole.
+- A request body over ``max_body_bytes`` is refused 413: before a byte is read when its Content-Length
+  says so, else as soon as it passes the limit; what the client goes on sending is dropped unread (for up
+  to aiohttp's 10 s of lingering, so that it can read the answer), never kept.
+- A request that is not HTTP (aiohttp's 400s before any handler) costs one WARNING line per cause every
+  10 s, without a traceback; ERROR lines mean the mesh is at fault.
 - Tensors are numeric: BYTES is refused as on gRPC; FP16 and BF16 travel as binary data only.
 - System shared memory (``/v2/systemsharedmemory/...``) shares its regions with the gRPC front door: a
   region registered over either is usable from both; CUDA shared memory answers 503.
@@ -36,9 +40,13 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
+import sys
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from mcp_router import trace
 from mcp_router.dataplane import DataPlane
@@ -55,23 +63,56 @@ from mcp_router.frontends.kserve_rest_json import (
 )
 from mcp_router.frontends.shm_regions import SharedMemory
 from mcpcore import tracing
-from mcpcore.errors import InvalidArgument, MCPError, log_unexpected
+from mcpcore.errors import InvalidArgument, MCPError, forget_frames, log_unexpected
+from mcpcore.logs import OncePer
 from mcpcore.tls import Access, TLSConfig, http_peer_names
 from mcpcore.transport.http_status import http_status
 
 __all__ = ["RestFrontEnd"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_MAX_BODY = web.AppKey("max_body", int)
 
 
 def _error(err: MCPError) -> web.Response:
     return web.json_response({"error": err.message}, status=http_status(err.code))
 
 
+class _ProtocolLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """aiohttp's log for what it refuses before a handler runs. A request that is not HTTP (a raw byte in
+    the path, a URL or a header past its limits, conflicting lengths) is the client's fault: a WARNING
+    without a traceback, once per cause every ``interval_s``. Anything else stays an ERROR with its
+    traceback: the mesh is at fault."""
+
+    def __init__(self, interval_s: float = 10.0) -> None:
+        super().__init__(logging.getLogger("mcp_router.rest"), {})
+        self._once = OncePer(interval_s)
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
+        exc = exc_info if isinstance(exc_info, BaseException) else sys.exc_info()[1]
+        if not isinstance(exc, HttpProcessingError):
+            self.logger.error(msg, *args, exc_info=exc_info, **kwargs)
+            return
+        cause = type(exc).__name__
+        if (unsaid := self._once.allow(cause)) is not None:
+            more = f" ({unsaid} more since the last such line)" if unsaid else ""
+            self.logger.warning("refused a malformed HTTP request: %s: %s%s", cause, _short(exc), more)
+
+
+def _short(exc: HttpProcessingError) -> str:
+    text = str(exc.message or exc).replace("\n", " ")
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
 @web.middleware
 async def _json_refusals(request: web.Request, handler: Handler) -> web.StreamResponse:
     """aiohttp's own refusals (no such path 404, a wrong method 405) as ``{"error": ...}`` too: a client
-    reads every error of this port the same way (aiohttp answers them in plain text)."""
+    reads every error of this port the same way (aiohttp answers them in plain text). A body longer than
+    the limit it declares is refused before a byte of it is read."""
+    limit = request.app[_MAX_BODY]
+    if request.content_length is not None and request.content_length > limit:
+        message = f"the request body is {request.content_length} bytes, over the {limit}-byte limit"
+        return web.json_response({"error": message + "; send less per request"}, status=413)
     try:
         return await handler(request)
     except web.HTTPException as exc:
@@ -89,6 +130,7 @@ def _guarded(handler: Handler, max_body: int) -> Handler:
         try:
             return await handler(request)
         except MCPError as err:
+            forget_frames(err)  # the request's bytes go with the answer
             return _error(err)
         except web.HTTPRequestEntityTooLarge:
             message = f"the request body is over the {max_body}-byte limit; send less per request"
@@ -96,7 +138,9 @@ def _guarded(handler: Handler, max_body: int) -> Handler:
         except web.HTTPException:
             raise
         except Exception as exc:
-            return _error(log_unexpected(exc, f"{request.method} {request.path}"))
+            answer = log_unexpected(exc, f"{request.method} {request.path}")
+            forget_frames(exc)
+            return _error(answer)
 
     return run
 
@@ -112,8 +156,10 @@ class RestFrontEnd:
         tracer: trace.Tracer | None = None,
         drain_timeout_s: float = 30.0,
         tls: TLSConfig | None = None,
+        max_tensor_bytes: int = kserve_codec.DEFAULT_MAX_TENSOR_BYTES,
     ) -> None:
         self._dataplane = dataplane
+        self._max_tensor_bytes = max_tensor_bytes
         self._tls = tls if tls is not None and tls.enabled else None
         self._access = Access(self._tls)  # under mutual TLS, control endpoints check the certificate
         self._shm = shm if shm is not None else SharedMemory()
@@ -126,6 +172,7 @@ class RestFrontEnd:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self._max_body, middlewares=[_json_refusals])
+        app[_MAX_BODY] = self._max_body
         model = "/v2/models/{model}"
         versioned = (model, model + "/versions/{version}")
         routes = [
@@ -178,8 +225,9 @@ class RestFrontEnd:
         """Bind (port 0 picks one) and serve; returns the bound port. ``reuse_port``: SO_REUSEPORT, so
         that other router processes serve the same port."""
         self._runner = web.AppRunner(
-            self.app(), access_log=None, handle_signals=False, shutdown_timeout=self._grace_s
-        )
+            self.app(), access_log=None, handle_signals=False, shutdown_timeout=self._grace_s,
+            logger=_ProtocolLog(),
+        )  # fmt: skip
         await self._runner.setup()
         context = self._tls.ssl_context() if self._tls is not None and self._tls.cert_file else None
         site = web.TCPSite(
@@ -307,7 +355,7 @@ class RestFrontEnd:
         header, binary = split_body(request, body)
         if not isinstance(header, dict):
             raise InvalidArgument("the inference request must be a JSON object")
-        inputs = decode_inputs(header.get("inputs"), binary, self._shm)
+        inputs = decode_inputs(header.get("inputs"), binary, self._shm, self._max_tensor_bytes)
         params = header.get("parameters") or {}
         if not isinstance(params, dict):
             raise InvalidArgument("parameters must be a JSON object")
@@ -316,6 +364,7 @@ class RestFrontEnd:
         request_id = header.get("id", "")
         if not isinstance(request_id, str):
             raise InvalidArgument("id must be a string")
+        kserve_codec.check_request_id(request_id)
         caller = tracing.extract_headers(request.headers) if self._tracing else None
         call = kserve_codec.Request(model, version, request_id, inputs, options, tuple(outputs))
         result = await kserve_codec.infer(self._dataplane, self._tracer, call, caller=caller)

@@ -24,7 +24,12 @@ from aiohttp import web
 from google.protobuf import json_format
 
 from mcp_router.dataplane import InferResult
-from mcp_router.frontends.kserve_codec import check_shape, shm_reference
+from mcp_router.frontends.kserve_codec import (
+    BYTES_ELEMENT,
+    DEFAULT_MAX_TENSOR_BYTES,
+    check_shape,
+    shm_reference,
+)
 from mcp_router.frontends.shm_regions import SharedMemory
 from mcpcore import dtypes
 from mcpcore.errors import Internal, InvalidArgument
@@ -97,14 +102,24 @@ def loads(raw: bytes) -> Any:
     orjson would read it otherwise
     (integers past 64 bits; 256 brackets or more, which may nest deeper than the standard library reads)
     or refuses it (``NaN``, ``Infinity`` and numbers past the float range, a BOM, UTF-16 or UTF-32, lone
-    surrogates), so what is accepted, and the error for what is not, stay the standard library's."""
+    surrogates), so what is accepted, and the error for what is not, stay the standard library's; but a
+    number past the float range is refused (the standard library would read it as infinity)."""
     normalised = raw.translate(_NORMALISED)
     if _LONG_DIGITS not in normalised and normalised.count(b"[") < _MANY_BRACKETS:
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError:
             pass
-    return json.loads(raw)
+    return json.loads(raw, parse_float=_finite)
+
+
+def _finite(text: str) -> float:
+    """A JSON number with a fraction or exponent; one past the float range (``1e400``) is refused, not
+    read as infinity (``Infinity``, written so, is a constant and stays one)."""
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"the number {text[:40]} is past the range of a 64-bit float")
+    return value
 
 
 def dumps(doc: dict[str, Any], *, finite: bool) -> bytes:
@@ -148,11 +163,18 @@ def split_body(request: web.Request, body: bytes) -> tuple[Any, memoryview]:
     try:
         header = loads(view[:cut].tobytes())
     except (ValueError, RecursionError) as exc:
-        raise InvalidArgument(f"the inference request's JSON does not parse ({type(exc).__name__})") from None
+        why = str(exc)[:200]
+        raise InvalidArgument(
+            f"the inference request's JSON does not parse ({type(exc).__name__}: {why})"
+        ) from None
     return header, view[cut:]
 
 
-def decode_inputs(specs: Any, binary: memoryview, shm: SharedMemory) -> dict[str, np.ndarray]:
+def decode_inputs(
+    specs: Any, binary: memoryview, shm: SharedMemory, max_bytes: int = DEFAULT_MAX_TENSOR_BYTES
+) -> dict[str, np.ndarray]:
+    """The inputs by name (JSON data, binary data or shared memory); no tensor's shape spans more than
+    ``max_bytes``, and a number is refused where it does not fit its datatype."""
     if not isinstance(specs, list) or not specs:
         raise InvalidArgument("inputs must be a non-empty list of tensors")
     arrays: dict[str, np.ndarray] = {}
@@ -169,11 +191,12 @@ def decode_inputs(specs: Any, binary: memoryview, shm: SharedMemory) -> dict[str
             isinstance(d, int) and not isinstance(d, bool) for d in shape
         ):
             raise InvalidArgument(f"input {name}: shape must be a list of non-negative integers")
-        check_shape(f"input {name}", tuple(shape))
         try:
             dtype = dtypes.numpy_dtype(datatype)
         except (InvalidArgument, TypeError, KeyError):
             raise InvalidArgument(f"input {name}: unknown datatype {datatype!r}") from None
+        itemsize = BYTES_ELEMENT if datatype == dtypes.BYTES else dtype.itemsize
+        check_shape(f"input {name}", tuple(shape), datatype, itemsize, max_bytes)
         count = math.prod(shape)
         text = datatype == dtypes.BYTES
         params = spec.get("parameters") or {}
@@ -197,6 +220,8 @@ def decode_inputs(specs: Any, binary: memoryview, shm: SharedMemory) -> dict[str
             array = _strings(spec["data"], name) if text else np.asarray(spec["data"], dtype=dtype)
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             raise InvalidArgument(f"input {name}: data is not {datatype} ({exc})") from None
+        if dtype.kind == "f" and not np.isfinite(array).all():
+            _check_floats(name, datatype, spec["data"], array)
         if array.size != count:
             raise InvalidArgument(f"input {name}: {array.size} values for shape {shape} ({count} needed)")
         arrays[name] = array.reshape(shape)
@@ -223,6 +248,15 @@ def _binary_input(
             f"input {name}: binary data ends at byte {len(binary)}; {offset + size} are needed"
         )
     return dtypes.from_bytes(datatype, binary[offset : offset + size], shape, f"input {name}")
+
+
+def _check_floats(name: str, datatype: str, data: Any, array: np.ndarray) -> None:
+    """A number that is finite in the JSON but not in ``datatype`` (1e39 as FP32) does not fit it:
+    refused, as an integer past its type's range is. NaN and Infinity, written as such, pass."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        wide = np.asarray(data, dtype=np.float64)
+    if (np.isfinite(wide) & ~np.isfinite(array)).any():
+        raise InvalidArgument(f"input {name}: a value in data is out of range for {datatype}")
 
 
 def _strings(data: Any, name: str) -> np.ndarray:

@@ -11,6 +11,9 @@ Invariants:
 - A key is a POSIX shared memory name: "/" and then a name without "/" (nothing outside ``/dev/shm`` can
   be named); the region must lie inside the object, and each use inside the region: anything else is
   ``InvalidArgument`` naming the region and the bounds.
+- Only a regular file, opened without following a symlink (``O_NOFOLLOW``), and owned by the router's own
+  user is mapped: a router running as root would otherwise write outputs into any file under
+  ``/dev/shm``. A same-host client creates its objects as the router's user (PERMISSION_DENIED else).
 - A name is registered once (``AlreadyExists`` for a second time); unregistering closes the mapping only
   when no request still reads from it (the mapping lives as long as the arrays that view it).
 - Per router process: a region registered with one router is unknown to another (as with Triton, each
@@ -35,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from mcpcore import dtypes
-from mcpcore.errors import AlreadyExists, InvalidArgument, NotFound
+from mcpcore.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
 
 __all__ = ["Region", "SharedMemory"]
 
@@ -86,6 +89,11 @@ class SharedMemory:
                 info = os.fstat(fd)
                 if not stat.S_ISREG(info.st_mode):
                     raise InvalidArgument(f"region {name}: {key!r} is not a shared memory object")
+                if info.st_uid != os.geteuid():  # a root router could open anyone's: it maps only its own
+                    raise PermissionDenied(
+                        f"region {name}: {key!r} belongs to user {info.st_uid}; the router maps only shared "
+                        f"memory of its own user ({os.geteuid()}): create the object as that user"
+                    )
                 size = info.st_size
                 if offset + byte_size > size:
                     raise InvalidArgument(

@@ -1,0 +1,275 @@
+"""Hostile input through both KServe doors of a real router (gRPC and REST), as an attacker sends it: each
+bad request gets a 4xx / INVALID_ARGUMENT naming the field, never a 5xx; failed requests of 60 MB leave
+nothing behind them in the router's memory; malformed HTTP costs at most a WARNING line per cause, without
+a traceback; a body whose declared length is over the limit is refused before it is sent; shared memory is
+mapped only from the router's own user's regular files.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from harness import small_mesh
+
+from mcpapi.kserve import grpc_service_pb2 as pb
+from mcpapi.kserve import grpc_service_pb2_grpc as pb_grpc
+
+MODEL = "demo-mlp"
+X = np.random.default_rng(7).standard_normal((2, 64), dtype=np.float32)
+BODY_LIMIT = 80 << 20  # over the 60 MB requests below, so they fail in the router, not at the door
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory: pytest.TempPathFactory, etcd_endpoint: str, repo: Path) -> Any:
+    tmp = tmp_path_factory.mktemp("hostile")
+    flags = {"rest_max_body_bytes": BODY_LIMIT}
+    with small_mesh(tmp, etcd_endpoint, repo, MODEL, ["1"], router_flags=flags) as m:
+        yield m
+
+
+def _grpc(mesh: Any) -> pb_grpc.GRPCInferenceServiceStub:
+    options = [("grpc.max_send_message_length", 128 << 20), ("grpc.max_receive_message_length", 128 << 20)]
+    return pb_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(mesh.router.endpoints["grpc"], options))
+
+
+def _rest(mesh: Any, path: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    host, port = mesh.router.endpoints["rest"].rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request("POST", path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def _grpc_request(shape: list[int], data: bytes = b"", **fields: Any) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name=fields.pop("model", MODEL), **fields)
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=shape)
+    request.raw_input_contents.append(data)
+    return request
+
+
+def _grpc_refusal(stub: pb_grpc.GRPCInferenceServiceStub, request: pb.ModelInferRequest) -> str:
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelInfer(request, timeout=60)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+    return str(info.value.details())
+
+
+def _rest_refusal(mesh: Any, doc: dict[str, Any] | bytes) -> str:
+    body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+    status, answer = _rest(mesh, f"/v2/models/{MODEL}/infer", body)
+    assert status == 400, (status, answer[:300])
+    return str(json.loads(answer)["error"])
+
+
+def _rest_doc(shape: list[int], data: list[Any] | None = None, **fields: Any) -> dict[str, Any]:
+    tensor = {"name": "INPUT0", "datatype": "FP32", "shape": shape, "data": data if data is not None else []}
+    return {"inputs": [tensor], **fields}
+
+
+def _answers(mesh: Any) -> None:
+    """A good request still gets its answer over both doors."""
+    stub = _grpc(mesh)
+    request = _grpc_request(list(X.shape), X.tobytes())
+    assert stub.ModelInfer(request, timeout=30).outputs[0].name == "OUTPUT0"
+    status, answer = _rest(
+        mesh, f"/v2/models/{MODEL}/infer", json.dumps(_rest_doc([2, 64], X.tolist())).encode()
+    )
+    assert status == 200, answer[:300]
+
+
+BIG = 2147483647
+# (what, the gRPC request, the REST document, words the refusal carries)
+CASES = [
+    (
+        "an empty shape spanning 2^62 elements",
+        _grpc_request([0, BIG, BIG]),
+        _rest_doc([0, BIG, BIG]),
+        "spans",
+    ),
+    ("100 dimensions", _grpc_request([1] * 100, b"\0" * 4), _rest_doc([1] * 100, [0.0]), "100 dimensions"),
+    (
+        "a timeout past int64",
+        _grpc_request(
+            [2, 64], X.tobytes(), parameters={"timeout": pb.InferParameter(uint64_param=2**64 - 1)}
+        ),
+        _rest_doc([2, 64], X.tolist(), parameters={"timeout": 2**70}),
+        "parameter timeout",
+    ),
+    (
+        "a negative sequence id",
+        _grpc_request([2, 64], X.tobytes(), parameters={"sequence_id": pb.InferParameter(int64_param=-1)}),
+        _rest_doc([2, 64], X.tolist(), parameters={"sequence_id": -1}),
+        "sequence_id",
+    ),
+    (
+        "a request id of 1 MB",
+        _grpc_request([2, 64], X.tobytes(), id="x" * (1 << 20)),
+        _rest_doc([2, 64], X.tolist(), id="x" * (1 << 20)),
+        "request id",
+    ),
+]
+
+
+@pytest.mark.parametrize(("what", "grpc_request", "rest_doc", "words"), CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_refused_invalid_naming_the_field_on_both_doors(
+    mesh, what, grpc_request, rest_doc, words
+):
+    assert words in _grpc_refusal(_grpc(mesh), grpc_request)
+    assert words in _rest_refusal(mesh, rest_doc)
+    _answers(mesh)
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        (
+            b'{"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [1e400]}]}',
+            "past the range of a 64-bit float",
+        ),
+        (json.dumps(_rest_doc([1, 1], [1e39])).encode(), "out of range for FP32"),
+        (
+            json.dumps(_rest_doc([2, 64], X.tolist(), parameters={"sequence_id": 2**70})).encode(),
+            "sequence_id",
+        ),
+        (
+            json.dumps(_rest_doc([2, 64], X.tolist(), parameters={"sequence_id": -(2**63) - 1})).encode(),
+            "sequence_id",
+        ),
+    ],
+    ids=["1e400", "1e39 as FP32", "sequence id 2^70", "sequence id below int64"],
+)
+def test_json_numbers_that_do_not_fit_are_refused(mesh, body, words):
+    assert words in _rest_refusal(mesh, body)
+
+
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def test_failed_requests_of_60_mb_leave_nothing_in_the_router(mesh):
+    """Requests of 60 MB that fail after their tensors are decoded (an unknown model over gRPC, a batch
+    past the model's maximum over REST) leave nothing reachable: after a few have taken the allocator to
+    its high-water mark (glibc keeps freed heap for reuse: ``tuning.heap_trim_threshold_bytes``), 50 more
+    leave the router's memory within 50 MB of it. Before the fix each one's tensors stayed reachable
+    through its error's traceback: 60 MB more each."""
+    pid = mesh.router.proc.pid
+    rows = (60 << 20) // (64 * 4)
+    big = np.zeros((rows, 64), dtype=np.float32).tobytes()
+    stub = _grpc(mesh)
+    head = json.dumps(
+        {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [rows, 64],
+                     "parameters": {"binary_data_size": len(big)}}]}
+    ).encode()  # fmt: skip
+
+    def fail_both() -> None:
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ModelInfer(_grpc_request([rows, 64], big, model="no-such-model"), timeout=60)
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        status, answer = _rest(
+            mesh, f"/v2/models/{MODEL}/infer", head + big,
+            {"Inference-Header-Content-Length": str(len(head)), "Content-Type": "application/octet-stream"},
+        )  # fmt: skip
+        assert status == 400 and b"batch size" in answer, answer[:300]
+
+    settled = _rss_mib(pid)
+    for i in range(15):  # until the allocator's high-water mark holds (each arena keeps its own)
+        fail_both()
+        grew, settled = _rss_mib(pid) - settled, _rss_mib(pid)
+        if i >= 3 and grew < 5:
+            break
+    for _ in range(25):
+        fail_both()
+    _answers(mesh)
+    grown = _rss_mib(pid) - settled
+    assert grown < 50, f"the router grew {grown:.0f} MiB over 50 failed requests of 60 MB"
+
+
+def test_a_declared_body_over_the_limit_is_refused_before_it_is_sent(mesh):
+    host, port = mesh.router.endpoints["rest"].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        head = (
+            f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {BODY_LIMIT + 1}\r\n\r\n"
+        )
+        sock.sendall(head.encode())  # and not a byte of the body
+        answer = sock.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"over the" in answer
+
+
+MALFORMED = [
+    b"GET /v2/\xff HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"POST /v2 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    b"POST /v2 HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+    b"POST /v2 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffffffff\r\n",
+]
+
+
+def _log_lines(mesh: Any) -> list[dict[str, Any]]:
+    lines = []
+    for line in mesh.router.log.read_text().splitlines():
+        try:
+            lines.append(json.loads(line))
+        except ValueError:
+            lines.append({"level": "?", "msg": line})
+    return lines
+
+
+def test_malformed_http_costs_a_warning_line_per_cause_and_no_traceback(mesh):
+    before = len(_log_lines(mesh))
+    host, port = mesh.router.endpoints["rest"].rsplit(":", 1)
+    for raw in MALFORMED * 20:
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(raw)
+            assert sock.recv(4096).split(b" ", 2)[1].startswith(b"4")  # a 4xx (HTTP/1.0 or 1.1)
+    _answers(mesh)  # the door still serves; its log lines are written by now
+    new = _log_lines(mesh)[before:]
+    assert not [
+        line for line in new if line.get("level") in ("ERROR", "CRITICAL") or "Traceback" in str(line)
+    ]
+    refused = [line for line in new if "malformed HTTP" in str(line.get("msg"))]
+    assert refused and all(line["level"] == "WARNING" for line in refused)
+    assert len(refused) <= len(MALFORMED), [line["msg"] for line in refused]  # one per cause, not per request
+
+
+def test_shared_memory_is_mapped_only_from_the_routers_own_regular_files(mesh):
+    """A region of a file another user owns, or of a symlink, is refused over both doors (a root router
+    could open it); the router's own user's object registers."""
+    stub = _grpc(mesh)
+    tag = f"mcp-hostile-{mesh.router.router_id}"
+    theirs, link, ours = (Path("/dev/shm") / f"{tag}-{n}" for n in ("theirs", "link", "ours"))
+    try:
+        for path in (theirs, ours):
+            path.write_bytes(bytes(256))
+        os.chown(theirs, 65534, 65534)  # nobody's, as another user's process would leave it
+        link.symlink_to(ours)
+        for path, code, status in (
+            (theirs, grpc.StatusCode.PERMISSION_DENIED, 403),
+            (link, grpc.StatusCode.INVALID_ARGUMENT, 400),
+        ):
+            request = pb.SystemSharedMemoryRegisterRequest(name=path.name, key=f"/{path.name}", byte_size=256)
+            with pytest.raises(grpc.RpcError) as info:
+                stub.SystemSharedMemoryRegister(request, timeout=10)
+            assert info.value.code() == code, info.value.details()
+            body = json.dumps({"key": f"/{path.name}", "offset": 0, "byte_size": 256}).encode()
+            answer = _rest(mesh, f"/v2/systemsharedmemory/region/{path.name}-rest/register", body)
+            assert answer[0] == status, answer
+        request = pb.SystemSharedMemoryRegisterRequest(name=ours.name, key=f"/{ours.name}", byte_size=256)
+        stub.SystemSharedMemoryRegister(request, timeout=10)
+        stub.SystemSharedMemoryUnregister(pb.SystemSharedMemoryUnregisterRequest(name=ours.name), timeout=10)
+    finally:
+        for path in (theirs, link, ours):
+            path.unlink(missing_ok=True)
