@@ -11,6 +11,7 @@ import http.client
 import json
 import os
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +26,13 @@ from mcpapi.kserve import grpc_service_pb2_grpc as pb_grpc
 MODEL = "demo-mlp"
 X = np.random.default_rng(7).standard_normal((2, 64), dtype=np.float32)
 BODY_LIMIT = 80 << 20  # over the 60 MB requests below, so they fail in the router, not at the door
+IDLE_S = 2.0  # the REST door's idle timeout here
 
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory: pytest.TempPathFactory, etcd_endpoint: str, repo: Path) -> Any:
     tmp = tmp_path_factory.mktemp("hostile")
-    flags = {"rest_max_body_bytes": BODY_LIMIT}
+    flags = {"rest_max_body_bytes": BODY_LIMIT, "rest_idle_timeout_s": IDLE_S}
     with small_mesh(tmp, etcd_endpoint, repo, MODEL, ["1"], router_flags=flags) as m:
         yield m
 
@@ -273,3 +275,37 @@ def test_shared_memory_is_mapped_only_from_the_routers_own_regular_files(mesh):
     finally:
         for path in (theirs, link, ours):
             path.unlink(missing_ok=True)
+
+
+def _closed_within(sock: socket.socket, limit_s: float, trickle: bytes = b"") -> float | None:
+    """Seconds until the server closed ``sock`` (None: still open after ``limit_s``), sending one byte of
+    ``trickle`` each time 0.2 s pass without an answer."""
+    start = time.monotonic()
+    sock.settimeout(0.2)
+    sent = 0
+    while time.monotonic() - start < limit_s:
+        try:
+            if trickle:
+                sock.sendall(trickle[sent % len(trickle) : sent % len(trickle) + 1])
+                sent += 1
+            if sock.recv(4096) == b"":
+                return time.monotonic() - start
+        except TimeoutError:
+            continue
+        except OSError:  # reset, broken pipe: closed
+            return time.monotonic() - start
+    return None
+
+
+def test_a_connection_that_sends_its_headers_a_byte_at_a_time_is_closed(mesh):
+    host, port = mesh.router.endpoints["rest"].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"GET /v2 HTTP/1.1\r\nHost: x\r\n")
+        took = _closed_within(sock, IDLE_S * 5, trickle=b"X-Slow-Header-Name-")
+    assert took is not None, "a trickling connection stayed open"
+    assert took >= IDLE_S * 0.9
+    with socket.create_connection((host, int(port)), timeout=10) as sock:  # idle after one request
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        assert _closed_within(sock, IDLE_S * 5) is not None, "an idle keep-alive connection stayed open"
+    _answers(mesh)

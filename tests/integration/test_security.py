@@ -465,3 +465,71 @@ def test_mcpctl_with_the_admin_certificate(mesh, capsys):
     assert mcpctl_main([*where, "--tls-ca", str(certs / "nope.pem"), "list"]) == 2
     _, err = capsys.readouterr()
     assert "no such file" in err
+
+
+STALE = {"scheduler": (("mcp-fence", "scheduler:1"),), "health": (("mcp-fence", "health:1"),)}
+
+
+def _worker_call(method: str) -> Any:
+    """A worker control call that, once let in, is refused by the fence (a stale leader token): it
+    shows the access check passed without changing anything."""
+    requests = {
+        "Load": (worker_pb2.LoadRequest(model="demo-mlp", version="1"), "scheduler"),
+        "Pause": (worker_pb2.PauseRequest(model="demo-mlp", version="1"), "scheduler"),
+        "EmergencyStop": (worker_pb2.EmergencyStopRequest(reason="edge test"), "health"),
+    }
+    request, role = requests[method]
+    return lambda stub: getattr(stub, method)(request, metadata=STALE[role], timeout=10)
+
+
+NOT_SCHEDULER = ("mcp-router", "mcp-health", "client")
+# (service, method, the call, who may, who may not): every edge of the least-privilege table
+EDGES = [
+    ("worker", "Load", _worker_call("Load"), ("mcp-scheduler", "admin"), NOT_SCHEDULER),
+    ("worker", "Pause", _worker_call("Pause"), ("mcp-scheduler", "admin"), NOT_SCHEDULER),
+    ("worker", "EmergencyStop", _worker_call("EmergencyStop"), ("mcp-health", "admin"),
+     ("mcp-router", "mcp-scheduler", "client")),
+    ("scheduler", "UnloadModel",
+     lambda s: s.UnloadModel(control_pb2.UnloadModelRequest(model="no-such-model"), timeout=10),
+     ("mcp-router", "admin"), ("mcp-health", "mcp-scheduler", "client")),
+    ("scheduler", "SetTraffic",
+     lambda s: s.SetTraffic(control_pb2.SetTrafficRequest(model="no-such-model"), timeout=10),
+     ("admin",), ("mcp-router", "mcp-health", "client")),
+    ("router", "SystemSharedMemoryRegister",
+     lambda s: s.SystemSharedMemoryRegister(
+         kserve_pb.SystemSharedMemoryRegisterRequest(name="r", key="/no-such-object", byte_size=8), timeout=10
+     ),
+     ("admin",), ("client", "mcp-router", "mcp-scheduler")),
+    ("router", "LogSettings", lambda s: s.LogSettings(kserve_pb.LogSettingsRequest(), timeout=10),
+     ("admin",), ("client", "mcp-health")),
+]  # fmt: skip
+STUBS = {
+    "worker": worker_pb2_grpc.WorkerControlStub,
+    "scheduler": control_pb2_grpc.ModelControlStub,
+    "router": kserve_grpc.GRPCInferenceServiceStub,
+}
+
+
+@pytest.mark.parametrize(
+    ("service", "method", "call", "allowed", "refused"), EDGES, ids=[e[1] for e in EDGES]
+)
+def test_each_control_method_admits_only_its_own_callers(mesh, service, method, call, allowed, refused):
+    """Least privilege, per edge, through the real services: the router's certificate cannot pause a
+    worker's models, the scheduler's cannot stop a worker, an application's can do none of it; each
+    allowed caller gets past the check (to the fence, or the method's own answer)."""
+    for name in (*allowed, *refused):
+        code, message = _code(lambda name=name: call(STUBS[service](mesh.channel(service, name))))
+        if name in refused:
+            assert code == grpc.StatusCode.PERMISSION_DENIED, (name, code, message)
+            assert message.endswith(f"this one's is {name}"), message
+        else:
+            assert code != grpc.StatusCode.PERMISSION_DENIED, (name, message)
+    assert _infer(mesh.channel("router", "client")) is not None  # nothing was stopped or paused
+
+
+def test_shared_memory_registration_over_rest_needs_its_permission(mesh):
+    body = {"key": "/no-such-object", "offset": 0, "byte_size": 8}
+    status, reply = _https(mesh, "/v2/systemsharedmemory/region/r/register", "client", body)
+    assert status == 403 and "this one's is client" in reply["error"], reply
+    status, reply = _https(mesh, "/v2/systemsharedmemory/region/r/register", "admin", body)
+    assert status == 400 and "cannot open" in reply["error"], reply  # let in; the object does not exist

@@ -101,6 +101,15 @@ def test_access_checks_control_methods_only_under_mutual_tls(certs):
     assert Access(None).check_for("/mcpapi.v2.WorkerControl/EmergencyStop") is None
 
 
+def test_shared_memory_registration_is_granted_by_shm_clients_only(certs):
+    files = (str(certs / "ca.pem"), str(certs / "mcp-router.pem"), str(certs / "mcp-router.key"))
+    register = "/inference.GRPCInferenceService/SystemSharedMemoryRegister"
+    assert Access(TLSConfig(*files)).allowed(register) == {"admin"}
+    granted = Access(TLSConfig(*files, shm_clients=("client",)))
+    assert granted.allowed(register) == {"admin", "client"}
+    assert "client" not in granted.allowed("/mcpapi.v2.ModelControl/LoadModel")  # nothing else
+
+
 def test_peer_names_from_grpc_and_ssl():
     assert peer_names({"x509_common_name": [b"a"], "x509_subject_alternative_name": [b"admin"]}) == {"a"}
     san = (("DNS", "admin"), ("IP Address", "1.2.3.4"))

@@ -10,9 +10,11 @@ Modes, by which files are set:
 - ``cert_file`` + ``key_file``: TLS; servers prove who they are, clients are not asked for a certificate;
 - with ``ca_file`` too: mutual TLS. Servers refuse a client without a certificate issued by that CA (the
   handshake fails: the client sees UNAVAILABLE), clients verify the server against it, and the control
-  methods (``CONTROL_METHODS``) further require the client certificate's common name to be on
-  ``control_clients``; other callers get PERMISSION_DENIED naming the certificate and the list. (Only the
-  common name: DNS SANs name hosts, which many certificates share.)
+  methods (``CONTROL_METHODS``) further require the client certificate's common name to be allowed for
+  that method: an operator's (``control_clients``), a service identity whose rights name it
+  (``SERVICE_RIGHTS``: least privilege), or, for registering shared memory, one of ``shm_clients``;
+  other callers get PERMISSION_DENIED naming the certificate and who is allowed. (Only the common name:
+  DNS SANs name hosts, which many certificates share.)
 
 Invariants:
 - The allow-list is checked on the server, per call, from the TLS session (``auth_context``), never from
@@ -37,6 +39,8 @@ from mcpcore.transport.guarded import Check
 __all__ = [
     "CONTROL_METHODS",
     "DEFAULT_CONTROL_CLIENTS",
+    "SERVICE_RIGHTS",
+    "SHM_METHODS",
     "Access",
     "TLSConfig",
     "aio_channel",
@@ -45,14 +49,22 @@ __all__ = [
     "load_curve_keypair",
 ]
 
-#: Certificate names ``make certs`` gives the services and the operator; allowed to call control APIs.
-DEFAULT_CONTROL_CLIENTS = ("mcp-scheduler", "mcp-health", "mcp-router", "admin")
+#: Operators' certificate names (``make certs``' "admin"): they may call every control method.
+DEFAULT_CONTROL_CLIENTS = ("admin",)
 
-#: Methods that change the mesh (or stop a worker): mTLS clients need a name on the allow-list.
+_WORKER = "/mcpapi.v2.WorkerControl/"
+_MODEL = "/mcpapi.v2.ModelControl/"
+_KSERVE = "/inference.GRPCInferenceService/"
+
+#: Registering Triton system shared memory with the router: its own permission (``tls.shm_clients``), as
+#: the router maps what a region names.
+SHM_METHODS = frozenset({f"{_KSERVE}SystemSharedMemoryRegister", f"{_KSERVE}SystemSharedMemoryUnregister"})
+
+#: Methods that change the mesh (or stop a worker): mTLS clients need a name allowed for the method.
 CONTROL_METHODS = frozenset(
     {
         *(
-            f"/mcpapi.v2.ModelControl/{m}"
+            f"{_MODEL}{m}"
             for m in (
                 "LoadModel", "UnloadModel", "SetTraffic", "PauseModel", "ResumeModel", "SetBreaker", "Drain",
                 "Undrain",
@@ -60,13 +72,26 @@ CONTROL_METHODS = frozenset(
         ),
         "/mcpapi.v1.ModelControl/LoadModel",
         "/mcpapi.v1.ModelControl/UnloadModel",
-        *(f"/mcpapi.v2.WorkerControl/{m}" for m in ("Load", "Unload", "Pause", "Resume", "EmergencyStop")),
+        *(f"{_WORKER}{m}" for m in ("Load", "Unload", "Pause", "Resume", "EmergencyStop")),
         *(
-            f"/inference.GRPCInferenceService/{m}"
+            f"{_KSERVE}{m}"
             for m in ("RepositoryModelLoad", "RepositoryModelUnload", "LogSettings", "TraceSetting")
         ),
+        *SHM_METHODS,
     }
 )  # fmt: skip
+
+#: Least privilege: what each service's own identity (``make certs`` names them) may call of the others'
+#: control methods, besides the operators of ``control_clients``. The scheduler places copies on workers,
+#: the health service stops a sick worker, the router forwards Triton's repository load and unload to the
+#: scheduler; a router's certificate cannot pause a worker's models, an application's can do none of it.
+SERVICE_RIGHTS: dict[str, frozenset[str]] = {
+    "mcp-scheduler": frozenset(f"{_WORKER}{m}" for m in ("Load", "Unload", "Pause", "Resume")),
+    "mcp-health": frozenset({f"{_WORKER}EmergencyStop"}),
+    "mcp-router": frozenset(
+        f"/mcpapi.{v}.ModelControl/{m}" for v in ("v1", "v2") for m in ("LoadModel", "UnloadModel")
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -76,8 +101,12 @@ class TLSConfig:
     #: This process's certificate (PEM, leaf first) and its private key.
     cert_file: str = ""
     key_file: str = ""
-    #: Certificate common names allowed to call control methods under mutual TLS.
+    #: Operators: certificate common names allowed to call every control method under mutual TLS (the
+    #: services' own identities have their fixed rights: ``SERVICE_RIGHTS``).
     control_clients: tuple[str, ...] = DEFAULT_CONTROL_CLIENTS
+    #: Certificate common names that may register system shared memory with the router (besides the
+    #: operators); none by default: a client that maps its memory into the router is trusted with it.
+    shm_clients: tuple[str, ...] = ()
     #: The name to verify in servers' certificates instead of the address's host (e.g. a Service's DNS name).
     server_name: str = ""
 
@@ -152,21 +181,35 @@ class Access:
     """Per-method authorization on a server: control methods under mutual TLS need an allowed name."""
 
     def __init__(self, tls: TLSConfig | None) -> None:
-        self._allowed = frozenset(tls.control_clients) if tls is not None and tls.mutual else None
+        mutual = tls is not None and tls.mutual
+        self._operators = frozenset(tls.control_clients) if tls is not None and mutual else None
+        self._shm = frozenset(tls.shm_clients) if tls is not None and mutual else frozenset()
+
+    def allowed(self, method: str) -> frozenset[str]:
+        """The certificate names that may call ``method`` (a control method; any name: not one)."""
+        assert self._operators is not None
+        services = {name for name, methods in SERVICE_RIGHTS.items() if method in methods}
+        return self._operators | services | (self._shm if method in SHM_METHODS else frozenset())
 
     def check_for(self, method: str) -> Check | None:
         """The check to run before ``method``'s behaviour (None: nothing to check)."""
-        if self._allowed is None or method not in CONTROL_METHODS:
+        if self._operators is None or method not in CONTROL_METHODS:
             return None
-        return lambda context: self.require(method, peer_names(context.auth_context()))
+        allowed = self.allowed(method)
+        return lambda context: self.require(method, peer_names(context.auth_context()), allowed)
 
-    def require(self, what: str, names: set[str]) -> None:
-        """Raise PermissionDenied unless one of the caller's certificate ``names`` is allowed."""
-        if self._allowed is not None and not names & self._allowed:
+    def require_method(self, method: str, what: str, names: set[str]) -> None:
+        """``require`` for the control method ``method`` (full gRPC name), reached as ``what`` (REST)."""
+        if self._operators is not None:
+            self.require(what, names, self.allowed(method))
+
+    def require(self, what: str, names: set[str], allowed: frozenset[str]) -> None:
+        """Raise PermissionDenied unless one of the caller's certificate ``names`` is ``allowed``."""
+        if not names & allowed:
             shown = ", ".join(sorted(names)) or "none"
             raise PermissionDenied(
-                f"{what} needs a client certificate whose common name is one of {sorted(self._allowed)} "
-                f"(tls.control_clients); this one's is {shown}"
+                f"{what} needs a client certificate whose common name is one of {sorted(allowed)} "
+                f"(operators: tls.control_clients; services: their own rights); this one's is {shown}"
             )
 
 

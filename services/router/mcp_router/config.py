@@ -30,6 +30,9 @@ class RouterConfig:
     rest_port: int = 8000
     #: Largest REST request body (JSON and binary tensors), in bytes; larger ones are refused 413.
     rest_max_body_bytes: int = 64 << 20
+    #: A REST connection on which no whole request arrives this long after it opened or was last answered
+    #: is closed: an idle keep-alive one, or one sending its headers a byte at a time; seconds.
+    rest_idle_timeout_s: float = 60.0
     metrics: MetricsServing = field(
         default_factory=lambda: MetricsServing(port=9101), metadata=flat("metrics_")
     )
@@ -108,6 +111,8 @@ class RouterConfig:
             raise ValueError(f"load_factor: must be >= 1.0, got {self.load_factor}")
         if not 0 <= self.retry_budget_ratio <= 1:
             raise ValueError(f"retry_budget_ratio: must be within 0..1, got {self.retry_budget_ratio}")
+        if not self.rest_idle_timeout_s > 0:
+            raise ValueError(f"rest_idle_timeout_s: must be > 0 s, got {self.rest_idle_timeout_s}")
         if self.max_in_flight_per_worker < 1:
             raise ValueError("max_in_flight_per_worker: must be >= 1")
         if self.max_bytes_in_flight < 1:

@@ -145,6 +145,7 @@ class RouterServer:
             self.router,
             version=VERSION,
             max_body_bytes=config.rest_max_body_bytes,
+            idle_timeout_s=config.rest_idle_timeout_s,
             shm=self.shm,
             tracer=self.tracer,
             drain_timeout_s=config.drain_timeout_s,

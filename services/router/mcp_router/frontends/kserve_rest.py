@@ -26,6 +26,10 @@ Invariants:
   to aiohttp's 10 s of lingering, so that it can read the answer), never kept.
 - A request that is not HTTP (aiohttp's 400s before any handler) costs one WARNING line per cause every
   10 s, without a traceback; ERROR lines mean the mesh is at fault.
+- A connection on which no whole request arrives within ``idle_timeout_s`` of its opening or its last
+  answer is closed (aiohttp's keep-alive timer, armed from the connection's start): an idle keep-alive
+  one, or one sending its headers a byte at a time. Per connection, aiohttp bounds a request line and
+  each header to 8,190 bytes and a request to 128 headers.
 - Tensors are numeric: BYTES is refused as on gRPC; FP16 and BF16 travel as binary data only.
 - System shared memory (``/v2/systemsharedmemory/...``) shares its regions with the gRPC front door: a
   region registered over either is usable from both; CUDA shared memory answers 503.
@@ -34,8 +38,8 @@ Invariants:
 - With tracing on (``mcpcore.tracing``), an inference's W3C ``traceparent``/``tracestate`` headers are
   the trace context its span is a child of; tracing off, they are not read.
 - With the router's ``tls`` set, the port speaks HTTPS only (with a CA: client certificates required), and
-  the endpoints that change the mesh or the router (repository load/unload, logging and trace settings)
-  need an allowed certificate name, as the gRPC control methods do (403 otherwise).
+  the endpoints that change the mesh or the router (repository load/unload, logging and trace settings,
+  registering shared memory) need a certificate name allowed for their gRPC twin (403 otherwise).
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ __all__ = ["RestFrontEnd"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _MAX_BODY = web.AppKey("max_body", int)
+_SHM_REGISTER, _SHM_UNREGISTER = "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister"
 
 
 def _error(err: MCPError) -> web.Response:
@@ -157,9 +162,11 @@ class RestFrontEnd:
         drain_timeout_s: float = 30.0,
         tls: TLSConfig | None = None,
         max_tensor_bytes: int = kserve_codec.DEFAULT_MAX_TENSOR_BYTES,
+        idle_timeout_s: float = 60.0,
     ) -> None:
         self._dataplane = dataplane
         self._max_tensor_bytes = max_tensor_bytes
+        self._idle_s = idle_timeout_s
         self._tls = tls if tls is not None and tls.enabled else None
         self._access = Access(self._tls)  # under mutual TLS, control endpoints check the certificate
         self._shm = shm if shm is not None else SharedMemory()
@@ -181,19 +188,29 @@ class RestFrontEnd:
             web.get("/v2", self._server_metadata),
             web.get("/v2/models/stats", self._stats),
             web.post("/v2/repository/index", self._index),
-            web.post("/v2/repository/models/{model}/load", self._control(self._load)),
-            web.post("/v2/repository/models/{model}/unload", self._control(self._unload)),
+            web.post("/v2/repository/models/{model}/load", self._control(self._load, "RepositoryModelLoad")),
+            web.post(
+                "/v2/repository/models/{model}/unload", self._control(self._unload, "RepositoryModelUnload")
+            ),
             web.get("/v2/systemsharedmemory/status", self._shm_status),
             web.get("/v2/systemsharedmemory/region/{region}/status", self._shm_status),
-            web.post("/v2/systemsharedmemory/region/{region}/register", self._shm_register),
-            web.post("/v2/systemsharedmemory/unregister", self._shm_unregister),
-            web.post("/v2/systemsharedmemory/region/{region}/unregister", self._shm_unregister),
-            web.get("/v2/trace/setting", self._control(self._trace)),
-            web.post("/v2/trace/setting", self._control(self._trace)),
-            web.get(model + "/trace/setting", self._control(self._trace)),
-            web.post(model + "/trace/setting", self._control(self._trace)),
-            web.get("/v2/logging", self._control(self._logging)),
-            web.post("/v2/logging", self._control(self._logging)),
+            web.post(
+                "/v2/systemsharedmemory/region/{region}/register",
+                self._control(self._shm_register, _SHM_REGISTER),
+            ),
+            web.post(
+                "/v2/systemsharedmemory/unregister", self._control(self._shm_unregister, _SHM_UNREGISTER)
+            ),
+            web.post(
+                "/v2/systemsharedmemory/region/{region}/unregister",
+                self._control(self._shm_unregister, _SHM_UNREGISTER),
+            ),
+            web.get("/v2/trace/setting", self._control(self._trace, "TraceSetting")),
+            web.post("/v2/trace/setting", self._control(self._trace, "TraceSetting")),
+            web.get(model + "/trace/setting", self._control(self._trace, "TraceSetting")),
+            web.post(model + "/trace/setting", self._control(self._trace, "TraceSetting")),
+            web.get("/v2/logging", self._control(self._logging, "LogSettings")),
+            web.post("/v2/logging", self._control(self._logging, "LogSettings")),
             web.get("/v2/cudasharedmemory/status", self._no_cuda_shm),
             web.get("/v2/cudasharedmemory/region/{region}/status", self._no_cuda_shm),
             web.post("/v2/cudasharedmemory/region/{region}/register", self._no_cuda_shm),
@@ -211,12 +228,14 @@ class RestFrontEnd:
         app.add_routes([web.route(r.method, r.path, _guarded(r.handler, self._max_body)) for r in routes])  # type: ignore[attr-defined]
         return app
 
-    def _control(self, handler: Handler) -> Handler:
-        """``handler`` behind the control allow-list (mutual TLS), as the gRPC control methods are."""
+    def _control(self, handler: Handler, method: str) -> Handler:
+        """``handler`` behind the allow-list of its gRPC twin ``method`` (under mutual TLS), so that both
+        doors grant the same names the same rights."""
+        full = f"/inference.GRPCInferenceService/{method}"
 
         async def run(request: web.Request) -> web.StreamResponse:
             peer = request.transport.get_extra_info("peercert") if request.transport is not None else None
-            self._access.require(f"{request.method} {request.path}", http_peer_names(peer))
+            self._access.require_method(full, f"{request.method} {request.path}", http_peer_names(peer))
             return await handler(request)
 
         return run
@@ -226,7 +245,7 @@ class RestFrontEnd:
         that other router processes serve the same port."""
         self._runner = web.AppRunner(
             self.app(), access_log=None, handle_signals=False, shutdown_timeout=self._grace_s,
-            logger=_ProtocolLog(),
+            logger=_ProtocolLog(), keepalive_timeout=self._idle_s,
         )  # fmt: skip
         await self._runner.setup()
         context = self._tls.ssl_context() if self._tls is not None and self._tls.cert_file else None
