@@ -338,6 +338,25 @@ def test_every_container_has_probes_resources_and_every_pod_scrape_annotations(r
                 assert "memory" in limits, where
 
 
+def test_every_mesh_pod_runs_as_the_images_user_on_a_read_only_root(rendered):
+    for objects in rendered.values():
+        for workload in _workloads(objects):
+            spec = workload["spec"]["template"]["spec"]
+            if workload["metadata"]["name"].startswith("etcd"):
+                continue  # etcd's own image and data volume
+            where = workload["metadata"]["name"]
+            pod = spec["securityContext"]
+            assert pod["runAsNonRoot"] is True and pod["runAsUser"] == 10001, where
+            assert pod["seccompProfile"]["type"] == "RuntimeDefault", where
+            volumes = {v["name"]: v for v in spec["volumes"]}
+            for container in _containers(workload):
+                box = container["securityContext"]
+                assert box["readOnlyRootFilesystem"] is True and box["allowPrivilegeEscalation"] is False, where
+                assert box["capabilities"]["drop"] == ["ALL"], where
+                mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+                assert "emptyDir" in volumes[mounts["/tmp"]], where  # somewhere to write temporary files
+
+
 def test_every_mcp_variable_is_a_config_field_of_its_service(rendered):
     fields = {service: _field_env_names(cls, prefix) for service, (_, cls, prefix) in SERVICES.items()}
     wrong = []
