@@ -128,8 +128,8 @@ multihost: setup native
 	$(VENV)/bin/pytest -q -s tests/multihost -m slow -p no:cacheprovider
 
 # A test CA, every service's, operator's, application's and worker's certificate, CURVE keys (README
-# "Securing a cluster"); CERTS_WORKERS names the workers' ids.
-CERTS_WORKERS ?= w-1,w-2
+# "Securing a cluster"); CERTS_WORKERS names the workers' ids (default: the ids `make up` runs).
+CERTS_WORKERS ?= worker-1,worker-2
 certs: $(STAMP)
 	$(PY) tools/make_certs.py --out certs --workers $(CERTS_WORKERS)
 

@@ -154,7 +154,9 @@ def make_certs(out: Path, *, workers: Iterable[str] = (), hosts: Iterable[str] =
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("certs"))
-    parser.add_argument("--workers", default="w-1,w-2", help="worker ids, comma separated")
+    parser.add_argument(
+        "--workers", default="worker-1,worker-2", help="worker ids, comma separated (default: make up's)"
+    )
     parser.add_argument("--hosts", default="", help="more host names or IPs for every certificate")
     parser.add_argument("--days", type=int, default=365)
     args = parser.parse_args(argv)

@@ -351,7 +351,8 @@ def test_every_mesh_pod_runs_as_the_images_user_on_a_read_only_root(rendered):
             volumes = {v["name"]: v for v in spec["volumes"]}
             for container in _containers(workload):
                 box = container["securityContext"]
-                assert box["readOnlyRootFilesystem"] is True and box["allowPrivilegeEscalation"] is False, where
+                assert box["readOnlyRootFilesystem"] is True, where
+                assert box["allowPrivilegeEscalation"] is False, where
                 assert box["capabilities"]["drop"] == ["ALL"], where
                 mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
                 assert "emptyDir" in volumes[mounts["/tmp"]], where  # somewhere to write temporary files

@@ -127,3 +127,15 @@ def test_peer_names_from_grpc_and_ssl():
 def test_tls_config_names_the_bad_field(fields, needle):
     with pytest.raises(ValueError, match=needle):
         TLSConfig(**fields)
+
+
+def test_make_certs_names_the_workers_make_up_runs(tmp_path):
+    """``make certs`` with no arguments issues a certificate per worker id of the development cluster."""
+    spec = importlib.util.spec_from_file_location("make_certs", ROOT / "tools" / "make_certs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--out", str(tmp_path)]) == 0
+    from mcp_devcluster.launcher import SERVICES  # noqa: PLC0415
+
+    workers = {name for name, (module_name, _flags) in SERVICES.items() if module_name == "mcp_worker"}
+    assert workers and all((tmp_path / f"{w}.pem").is_file() for w in workers)
