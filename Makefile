@@ -8,10 +8,10 @@ STAMP := $(VENV)/.installed
 TOOLS := .tools
 PERF_ANALYZER := $(TOOLS)/perf/.installed
 
-.PHONY: help setup constraints proto proto-check native lint test up down status bench models certs chaos gpu-check compose-config compose-test k8s-validate multihost clean
+.PHONY: help setup constraints proto proto-check native lint test up down status bench models certs chaos gpu-check compose-config compose-test k8s-validate multihost secure-test clean
 
 help:
-	@echo "make setup | proto | proto-check | native | lint | test | up | down | bench | models | certs | chaos | gpu-check | compose-config | compose-test | k8s-validate | multihost"
+	@echo "make setup | proto | proto-check | native | lint | test | up [SECURE=1] | down | bench | models | certs | chaos | gpu-check | compose-config | compose-test | k8s-validate | multihost | secure-test"
 
 # etcd (and etcdctl, faketime for the tests) from Debian's packages when missing, then the venv with the project (editable) and its dev tools.
 setup: $(STAMP) $(PERF_ANALYZER)
@@ -74,8 +74,9 @@ models: setup
 
 # The development cluster (tools/devcluster): etcd, two workers, scheduler, router, health; demo models
 # loaded; a demo client; status.
+# SECURE=1: every door locked (etcd TLS and users, mutual TLS, CURVE), each service under its own identity.
 up: setup native
-	$(PY) -m mcp_devcluster up
+	$(PY) -m mcp_devcluster up $(if $(filter 1 yes true,$(SECURE)),--secure)
 
 down:
 	@test -x $(PY) && $(PY) -m mcp_devcluster down || echo "nothing to stop"
@@ -127,11 +128,16 @@ multihost: setup native
 	@command -v iptables >/dev/null || tools/install-system-deps.sh iptables
 	$(VENV)/bin/pytest -q -s tests/multihost -m slow -p no:cacheprovider
 
+# `make up SECURE=1` for real on its fixed ports, probed door by door as an attacker would
+# (tests/integration/test_secure_up.py; about 20 s). Not in `make test`: those ports may hold your cluster.
+secure-test: setup native
+	$(VENV)/bin/pytest -q tests/integration/test_secure_up.py -m slow -p no:cacheprovider
+
 # A test CA, every service's, operator's, application's and worker's certificate, CURVE keys (README
 # "Securing a cluster"); CERTS_WORKERS names the workers' ids (default: the ids `make up` runs).
 CERTS_WORKERS ?= worker-1,worker-2
 certs: $(STAMP)
-	$(PY) tools/make_certs.py --out certs --workers $(CERTS_WORKERS)
+	$(PY) -m mcp_devcluster.certs --out certs --workers $(CERTS_WORKERS)
 
 # Chaos under load (tests/chaos): every fault scenario of tests/integration/scenarios.py against a cluster of
 # two routers, schedulers and health services, SDK client processes checking every answer; one row per

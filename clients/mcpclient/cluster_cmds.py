@@ -45,6 +45,7 @@ from mcpcore.errors import InvalidArgument, MCPError
 from mcpcore.etcd_store import EtcdAuth, EtcdStore
 from mcpcore.keys import Keyspace
 from mcpcore.records import RejectionsDoc
+from mcpcore.tls import TLSConfig
 
 __all__ = ["COMMANDS", "status_doc", "status_table"]
 
@@ -109,9 +110,9 @@ def _status_view(doc: dict[str, Any]) -> list[RenderableType]:
     return view
 
 
-def status_table(scheduler: str, health: str) -> str:
+def status_table(scheduler: str, health: str, tls: TLSConfig | None = None) -> str:
     """The status as plain text (models, then workers), for the launcher's closing lines."""
-    ctl = Ctl(scheduler=scheduler, router="", health=health, etcd="")
+    ctl = Ctl(scheduler=scheduler, router="", health=health, etcd="", tls=tls)
     try:
         return render_text(_status_view(status_doc(ctl)))
     finally:

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import socket
 import struct
 from pathlib import Path
@@ -16,6 +15,7 @@ import grpc
 import grpc.aio
 import pytest
 
+from mcp_devcluster import certs as devcluster_certs
 from mcp_native.grpc_server import NativeServer
 from mcpcore.call_context import RpcServer
 from mcpcore.serving import AioServer, GrpcService, Parts, join_parts
@@ -137,10 +137,7 @@ def method(channel: grpc.aio.Channel, name: str, kind: str = "unary_unary"):
 
 
 def make_certs(tmp_path: Path) -> Path:
-    spec = importlib.util.spec_from_file_location("make_certs", ROOT / "tools" / "make_certs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_certs(tmp_path / "certs", workers=[])
+    return devcluster_certs.make_certs(tmp_path / "certs", workers=[])
 
 
 def _h2_frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:

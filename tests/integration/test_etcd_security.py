@@ -40,16 +40,7 @@ def secured_etcd(tmp_path_factory):
     certs = _make_certs(tmp / "certs", [])
     etcd = EtcdServer(tmp / "etcd", tls=(certs / "ca.pem", certs / "etcd.pem", certs / "etcd.key"))
     etcd.start()
-    ca = certs / "ca.pem"
-    for args in (
-        ("user", "add", "root:root-secret"),
-        ("user", "add", "mesh:mesh-secret"),
-        ("role", "add", "mesh"),
-        ("role", "grant-permission", "mesh", "--prefix=true", "readwrite", PREFIX.rsplit("/", 1)[0] + "/"),
-        ("user", "grant-role", "mesh", "mesh"),
-        ("auth", "enable"),
-    ):
-        _etcdctl(etcd, ca, *args)
+    etcd.enable_auth({"root": "root-secret", "mesh": "mesh-secret"}, PREFIX.rsplit("/", 1)[0] + "/")
     (tmp / "password").write_text("mesh-secret\n")
     (tmp / "wrong").write_text("guess\n")
     try:

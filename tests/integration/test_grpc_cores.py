@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -23,12 +22,12 @@ import grpc
 import grpc.aio
 from grpc._cython import cygrpc
 
+from mcp_devcluster.certs import make_certs
 from mcp_native import _frontdoor
 from mcp_native.grpc_server import NativeServer
 from mcpcore.serving import AioServer, GrpcService
 from mcpcore.tls import TLSConfig
 
-ROOT = Path(__file__).resolve().parents[2]
 SERVICE = "t.Cores"
 FRONTDOOR = Path(_frontdoor.__file__)
 CYGRPC = Path(cygrpc.__file__)
@@ -74,10 +73,7 @@ def test_grpcio_imports_nothing_the_native_grpc_libraries_define():
 
 
 def _certs(tmp_path: Path) -> Path:
-    spec = importlib.util.spec_from_file_location("make_certs", ROOT / "tools" / "make_certs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_certs(tmp_path / "certs", workers=[])
+    return make_certs(tmp_path / "certs", workers=[])
 
 
 def _answer(request: bytes) -> bytes:

@@ -10,7 +10,6 @@ scheduler's calls to the worker and the router's calls to both go over mutual TL
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import ssl
 import urllib.error
@@ -24,7 +23,6 @@ import numpy as np
 import pytest
 import zmq
 from harness import (
-    ROOT,
     HealthProcess,
     RouterProcess,
     SchedulerProcess,
@@ -36,6 +34,7 @@ from harness import (
     wait_for,
 )
 
+from mcp_devcluster.certs import make_certs
 from mcpapi.kserve import grpc_service_pb2 as kserve_pb
 from mcpapi.kserve import grpc_service_pb2_grpc as kserve_grpc
 from mcpapi.v2 import (
@@ -61,10 +60,7 @@ X = np.random.default_rng(11).random((1, 64), dtype=np.float32)
 
 
 def _make_certs(out: Path, workers: list[str]) -> Path:
-    spec = importlib.util.spec_from_file_location("make_certs", ROOT / "tools" / "make_certs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_certs(out, workers=workers)
+    return make_certs(out, workers=workers)
 
 
 def tls_env(service: str, certs: Path, name: str) -> dict[str, str]:

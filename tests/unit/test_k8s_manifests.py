@@ -30,6 +30,7 @@ import pytest
 import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from mcp_devcluster.certs import make_certs
 from mcp_health.config import HealthConfig
 from mcp_router.config import RouterConfig
 from mcp_scheduler.config import SchedulerConfig
@@ -483,10 +484,7 @@ def test_tls_files_come_from_mounted_secrets(rendered):
 
 
 def _make_certs(out: Path) -> Path:
-    spec = importlib.util.spec_from_file_location("make_certs", ROOT / "tools" / "make_certs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_certs(out, workers=["mcp-worker-0"], hosts=CERT_HOSTS.split(","))
+    return make_certs(out, workers=["mcp-worker-0"], hosts=CERT_HOSTS.split(","))
 
 
 def test_tls_probe_and_advertised_worker_name_work_with_make_certs(rendered, tmp_path):

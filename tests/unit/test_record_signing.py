@@ -3,23 +3,19 @@ certs' output."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
+from mcp_devcluster.certs import main as certs_main
+from mcp_devcluster.certs import make_certs
 from mcpcore.errors import PermissionDenied
 from mcpcore.record_signing import RecordSigner, RecordVerifier, payload
 from mcpcore.tls import Access, TLSConfig, http_peer_names, peer_names
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _make_certs(out: Path, workers: list[str]) -> Path:
-    spec = importlib.util.spec_from_file_location("make_certs", ROOT / "tools" / "make_certs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_certs(out, workers=workers)
+    return make_certs(out, workers=workers)
 
 
 @pytest.fixture(scope="module")
@@ -131,10 +127,7 @@ def test_tls_config_names_the_bad_field(fields, needle):
 
 def test_make_certs_names_the_workers_make_up_runs(tmp_path):
     """``make certs`` with no arguments issues a certificate per worker id of the development cluster."""
-    spec = importlib.util.spec_from_file_location("make_certs", ROOT / "tools" / "make_certs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.main(["--out", str(tmp_path)]) == 0
+    assert certs_main(["--out", str(tmp_path)]) == 0
     from mcp_devcluster.launcher import SERVICES  # noqa: PLC0415
 
     workers = {name for name, (module_name, _flags) in SERVICES.items() if module_name == "mcp_worker"}

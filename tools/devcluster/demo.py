@@ -15,6 +15,7 @@ import numpy as np
 
 from mcpapi.v2 import inference_pb2, inference_pb2_grpc, model_pb2
 from mcpcore import dtypes
+from mcpcore.tls import TLSConfig, channel
 
 __all__ = ["DEMO", "build_repository", "run_client"]
 
@@ -38,9 +39,9 @@ def build_repository(root: Path) -> Path:
     return root.resolve()
 
 
-def run_client(router: str) -> None:
-    """A few requests through the router, one line printed per model."""
-    stub = inference_pb2_grpc.InferenceStub(grpc.insecure_channel(router))
+def run_client(router: str, tls: TLSConfig | None = None) -> None:
+    """A few requests through the router (as ``tls``'s identity where given), one line printed per model."""
+    stub = inference_pb2_grpc.InferenceStub(channel(router, tls))
     x = np.random.default_rng(0).random((1, 64), dtype=np.float32)
     tensor = inference_pb2.Tensor(
         name="INPUT0", dtype=dtypes.wire_value("FP32"), shape=[1, 64], data=x.tobytes()

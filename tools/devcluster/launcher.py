@@ -5,6 +5,8 @@ already running), builds the demo model repository (``.run/models``), starts two
 the router and the health service on DESIGN.md section 13's ports, loads the demo models, sends a few
 requests through the router, and prints the status table. Logs and pid files go to ``.run/``; ``down``
 stops everything it started. A port already in use fails at once with the process to blame named.
+``up --secure`` (``make up SECURE=1``) does the same with every door locked (``secure``): etcd over TLS
+with users, mutual TLS on every service, CURVE on the workers' sockets, each under its own identity.
 """
 
 from __future__ import annotations
@@ -21,13 +23,13 @@ import sys
 import time
 from pathlib import Path
 
-import grpc
-
 from mcp_devcluster import demo
 from mcp_devcluster.config import DevClusterConfig
 from mcp_devcluster.localetcd import EtcdServer
+from mcp_devcluster.secure import Identities
 from mcpapi.v2 import control_pb2, control_pb2_grpc
 from mcpclient.cluster_cmds import status_table
+from mcpcore.tls import channel
 
 __all__ = ["down", "main", "up"]
 
@@ -73,19 +75,24 @@ def _start(name: str, module: str, flags: list[str], env: dict[str, str]) -> dic
     raise SystemExit(f"{name} did not start within 60 s; see {log}")
 
 
-def _etcd(config: DevClusterConfig) -> str:
+def _etcd(config: DevClusterConfig, ids: Identities | None) -> str:
     if config.etcd_endpoints is not None:
+        if ids is not None:
+            raise SystemExit("SECURE=1 starts its own etcd (TLS, users): unset MCP_ETCD_ENDPOINTS")
         return config.etcd_endpoints
     if _busy(2379):
         raise SystemExit("port 2379 is in use: set MCP_ETCD_ENDPOINTS to use that etcd, or stop it")
     shutil.rmtree(RUN / "etcd", ignore_errors=True)  # a fresh cluster state each time
-    server = EtcdServer(RUN / "etcd", client_port=2379, peer_port=2380, detached=True)
+    tls = None if ids is None else ids.etcd_tls
+    server = EtcdServer(RUN / "etcd", client_port=2379, peer_port=2380, detached=True, tls=tls)
     server.start()
     (RUN / "etcd.pid").write_text(str(server.proc.pid))
+    if ids is not None:
+        ids.enable_etcd_auth(server)
     return server.endpoint
 
 
-def up(config: DevClusterConfig) -> int:
+def up(config: DevClusterConfig, *, secure: bool = False) -> int:
     RUN.mkdir(exist_ok=True)
     if any((RUN / f"{n}.pid").exists() for n in SERVICES):
         print(
@@ -97,7 +104,10 @@ def up(config: DevClusterConfig) -> int:
         print(f"ports in use: {', '.join(taken)}; stop what holds them (or `make down`)", file=sys.stderr)
         return 1
     env = dict(config.environ)
-    endpoint = _etcd(config)
+    (RUN / "mcpctl.env").unlink(missing_ok=True)  # a plain cluster is not secured
+    workers = [name for name, (module, _) in SERVICES.items() if module == "mcp_worker"]
+    ids = Identities.create(RUN, workers) if secure else None
+    endpoint = _etcd(config, ids)
     repo = demo.build_repository(RUN / "models")
     for prefix in ("WORKER", "SCHEDULER", "ROUTER", "HEALTH"):
         env[f"MCP_{prefix}_ETCD_ENDPOINTS"] = endpoint
@@ -106,17 +116,21 @@ def up(config: DevClusterConfig) -> int:
     env["MCP_WORKER_CHECKPOINT_DIR"] = str((RUN / "checkpoints").resolve())
     env.setdefault("MCP_ROUTER_TRACE_FILE", str((RUN / "trace.json").resolve()))  # TraceSetting writes here
     for name, (module, flags) in SERVICES.items():
-        ready = _start(name, module, flags, env)
+        own = env if ids is None else env | ids.service_env(name, module)
+        ready = _start(name, module, flags, own)
         print(f"started {name}: {json.dumps(ready)}")
-    control = control_pb2_grpc.ModelControlStub(grpc.insecure_channel(SCHEDULER))
+    admin = None if ids is None else ids.admin
+    control = control_pb2_grpc.ModelControlStub(channel(SCHEDULER, admin))
     for spec in demo.DEMO:
         control.LoadModel(control_pb2.LoadModelRequest(spec=spec), timeout=120)
         print(f"loaded {spec.model} versions {list(spec.versions)} x{spec.replicas}")
-    demo.run_client(ROUTER)
+    demo.run_client(ROUTER, None if ids is None else ids.client)
     print()
-    print(status_table(SCHEDULER, HEALTH), end="")
+    print(status_table(SCHEDULER, HEALTH, admin), end="")
     print(f"\nrouter: gRPC (mcpapi v1/v2, KServe V2) at {ROUTER}, REST (KServe V2) at {ROUTER_REST}")
     print(f"etcd at {endpoint}; logs in {RUN}/")
+    if ids is not None:
+        print(ids.how_to_connect(ROUTER, ROUTER_REST, endpoint))
     print("`make down` stops it; `.venv/bin/mcpctl status` shows it")
     return 0
 
@@ -155,6 +169,7 @@ def down() -> int:
     killed = _stop(services, DRAIN_WAIT_S)
     if "etcd" in names:
         killed += _stop(["etcd"], 5.0)
+    (RUN / "mcpctl.env").unlink(missing_ok=True)
     print(f"stopped: {', '.join(names) or 'nothing was running'}")
     if killed:
         print(f"killed after no clean stop in time: {', '.join(killed)}", file=sys.stderr)
@@ -164,10 +179,12 @@ def down() -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mcp_devcluster", description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=["up", "down", "status"])
+    parser.add_argument("--secure", action="store_true", help="up: TLS, users and CURVE everywhere")
     args = parser.parse_args(argv)
     if args.action == "up":
-        return up(DevClusterConfig.from_env())
+        return up(DevClusterConfig.from_env(), secure=args.secure)
     if args.action == "down":
         return down()
-    print(status_table(SCHEDULER, HEALTH), end="")
+    ids = Identities.load(RUN)
+    print(status_table(SCHEDULER, HEALTH, None if ids is None else ids.admin), end="")
     return 0

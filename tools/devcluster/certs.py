@@ -1,4 +1,5 @@
-"""``make certs``: a test certificate authority and every identity a secured mesh needs, in one folder.
+"""A test certificate authority and every identity a secured mesh needs, in one folder: ``make certs``
+(``python -m mcp_devcluster.certs``), and ``make up SECURE=1``'s identities.
 
 Writes (``--out``, default ``certs/``; private keys mode 0600)::
 
@@ -34,16 +35,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+__all__ = ["make_certs"]
+
 SERVICES = ("mcp-router", "mcp-scheduler", "mcp-health", "etcd", "admin", "client")
 CLIENTS = ("admin", "client")  # client authentication only
 CURVE_CLIENTS = ("mcp-router", "client")
-
-
-_CA_USAGE = x509.KeyUsage(
-    digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-    key_encipherment=False, data_encipherment=False, key_agreement=False, encipher_only=False,
-    decipher_only=False,
-)  # fmt: skip
 
 
 _CA_USAGE = x509.KeyUsage(
