@@ -7,6 +7,7 @@ mapped only from the router's own user's regular files.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -18,10 +19,13 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+from grpc_conformance import h2_call, send_raw
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from harness import small_mesh
 
 from mcpapi.kserve import grpc_service_pb2 as pb
 from mcpapi.kserve import grpc_service_pb2_grpc as pb_grpc
+from mcpapi.v2 import control_pb2, control_pb2_grpc
 
 MODEL = "demo-mlp"
 X = np.random.default_rng(7).standard_normal((2, 64), dtype=np.float32)
@@ -234,9 +238,9 @@ MALFORMED = [
 ]
 
 
-def _log_lines(mesh: Any) -> list[dict[str, Any]]:
+def _log_lines(proc: Any) -> list[dict[str, Any]]:
     lines = []
-    for line in mesh.router.log.read_text().splitlines():
+    for line in proc.log.read_text().splitlines():
         try:
             lines.append(json.loads(line))
         except ValueError:
@@ -245,14 +249,14 @@ def _log_lines(mesh: Any) -> list[dict[str, Any]]:
 
 
 def test_malformed_http_costs_a_warning_line_per_cause_and_no_traceback(mesh):
-    before = len(_log_lines(mesh))
+    before = len(_log_lines(mesh.router))
     host, port = mesh.router.endpoints["rest"].rsplit(":", 1)
     for raw in MALFORMED * 20:
         with socket.create_connection((host, int(port)), timeout=10) as sock:
             sock.sendall(raw)
             assert sock.recv(4096).split(b" ", 2)[1].startswith(b"4")  # a 4xx (HTTP/1.0 or 1.1)
     _answers(mesh)  # the door still serves; its log lines are written by now
-    new = _log_lines(mesh)[before:]
+    new = _log_lines(mesh.router)[before:]
     assert not [
         line for line in new if line.get("level") in ("ERROR", "CRITICAL") or "Traceback" in str(line)
     ]
@@ -323,3 +327,30 @@ def test_a_connection_that_sends_its_headers_a_byte_at_a_time_is_closed(mesh):
         assert sock.recv(4096).startswith(b"HTTP/1.1 200")
         assert _closed_within(sock, IDLE_S * 5) is not None, "an idle keep-alive connection stayed open"
     _answers(mesh)
+
+
+@pytest.mark.parametrize("service", ["scheduler", "worker", "router"])
+def test_a_grpc_method_path_that_is_not_utf_8_leaves_the_service_serving(mesh, service):
+    """grpc.aio (the scheduler's, the worker's port) ends its server on such a path; the services serve
+    again on the same port, and say so in one WARNING line, not an ERROR with a traceback. The router's
+    native door answers the call itself."""
+    proc = getattr(mesh, service)
+    before = len(_log_lines(proc))
+    port = int(proc.endpoints["grpc"].rsplit(":", 1)[1])
+    for _ in range(3):
+        assert asyncio.run(send_raw(port, {1}, h2_call(b"/mcp.\xff\xfe/Load", 1))) == {1}
+        with grpc.insecure_channel(proc.endpoints["grpc"]) as channel:
+            check = health_pb2_grpc.HealthStub(channel).Check
+            got = check(health_pb2.HealthCheckRequest(), timeout=10, wait_for_ready=True)
+            assert got.status == health_pb2.HealthCheckResponse.SERVING
+    if service == "scheduler":
+        control_pb2_grpc.ModelControlStub(proc.channel()).ListModels(
+            control_pb2.ListModelsRequest(), timeout=10
+        )
+    _answers(mesh)
+    new = _log_lines(proc)[before:]
+    assert not [
+        line for line in new if line.get("level") in ("ERROR", "CRITICAL") or "Traceback" in str(line)
+    ]
+    said = [line for line in new if "not UTF-8" in str(line.get("msg"))]
+    assert len(said) <= 1 and all(line["level"] == "WARNING" for line in said), said
