@@ -18,8 +18,9 @@ import pytest
 from mcp_devcluster import certs as devcluster_certs
 from mcp_native.grpc_server import NativeServer
 from mcpcore.call_context import RpcServer
-from mcpcore.serving import AioServer, GrpcService, Parts, join_parts
+from mcpcore.serving import GrpcService, Parts, join_parts
 from mcpcore.tls import TLSConfig, peer_names
+from mcpcore.transport.aio_server import AioServer
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE = "t.Native"

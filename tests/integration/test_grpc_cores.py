@@ -25,8 +25,9 @@ from grpc._cython import cygrpc
 from mcp_devcluster.certs import make_certs
 from mcp_native import _frontdoor
 from mcp_native.grpc_server import NativeServer
-from mcpcore.serving import AioServer, GrpcService
+from mcpcore.serving import GrpcService
 from mcpcore.tls import TLSConfig
+from mcpcore.transport.aio_server import AioServer
 
 SERVICE = "t.Cores"
 FRONTDOOR = Path(_frontdoor.__file__)

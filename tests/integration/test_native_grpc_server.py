@@ -36,8 +36,9 @@ from mcp_native.grpc_server import MAX_WRITES_QUEUED, NativeServer
 from mcpapi.kserve import grpc_service_pb2 as kserve_pb
 from mcpapi.kserve import grpc_service_pb2_grpc as kserve_grpc
 from mcpcore.call_context import CallContext, RpcServer
-from mcpcore.serving import AioServer, GrpcService, Parts, join_parts
+from mcpcore.serving import GrpcService, Parts, join_parts
 from mcpcore.tls import TLSConfig
+from mcpcore.transport.aio_server import AioServer
 
 
 def test_both_servers_are_rpc_servers():

@@ -51,7 +51,10 @@ X = np.random.default_rng(5).random((1, 64), dtype=np.float32)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """``make up SECURE=1`` from the repository, as a user runs it; ``make down`` after."""
+    """``make up SECURE=1`` from the repository, as a user runs it; ``make down`` after. A cluster of
+    yours already running is left alone: the test fails before it starts anything."""
+    if running := sorted(p.name for p in RUN.glob("*.pid")):
+        pytest.fail(f"a local cluster is running ({', '.join(running)} in .run/): `make down` first")
     env = {k: v for k, v in os.environ.items() if k != "MCP_ETCD_ENDPOINTS"}
     up = subprocess.run(["make", "up", "SECURE=1"], cwd=ROOT, env=env, capture_output=True, text=True,
                         timeout=420, check=False)  # fmt: skip
@@ -85,6 +88,7 @@ def test_up_prints_how_to_reach_it_and_the_demo_ran(cluster):
         assert line in out, line
     assert oct((RUN / "secrets" / "etcd-mesh").stat().st_mode & 0o777) == "0o600"
     assert oct((certs / "client.key").stat().st_mode & 0o777) == "0o600"
+    assert not (certs / "ca.key").exists()  # nothing more is issued: the CA's key is gone
 
 
 @pytest.mark.parametrize("door", sorted(GRPC_DOORS))
@@ -224,26 +228,26 @@ def test_zeromq_without_an_allowed_curve_key_gets_nothing(cluster, worker):
             sock.close(linger=0)
 
 
-def _etcdctl(certs: Path, *args: str, url: str = f"https://{ETCD}") -> subprocess.CompletedProcess[str]:
+def _etcdctl(certs: Path, *args: str, user: str = "", url: str = f"https://{ETCD}") -> Any:
     cmd = ["etcdctl", f"--endpoints={url}", f"--cacert={certs / 'ca.pem'}", "--dial-timeout=3s",
            "--command-timeout=5s", *args]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False,
-                          env={**os.environ, "ETCDCTL_API": "3"})  # fmt: skip
+    env = {**os.environ, "ETCDCTL_API": "3", **({"ETCDCTL_USER": user} if user else {})}  # not in argv
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False, env=env)
 
 
 def test_etcd_refuses_plaintext_no_user_and_a_wrong_password(cluster):
     _, certs, _ = cluster
     read = ("get", "--prefix", "--keys-only", "/mcp/")
-    plaintext = _etcdctl(certs, *read, url=f"http://{ETCD}")
-    assert plaintext.returncode != 0
+    mesh = "mesh:" + (RUN / "secrets" / "etcd-mesh").read_text().strip()
+    plaintext = _etcdctl(certs, *read, user=mesh, url=f"http://{ETCD}")  # the right user, in clear
+    assert plaintext.returncode != 0 and "/mcp/" not in plaintext.stdout, plaintext.stdout
     no_user = _etcdctl(certs, *read)
     assert no_user.returncode != 0 and "user name is empty" in no_user.stderr, no_user.stderr
-    wrong = _etcdctl(certs, "--user=mesh:guess", *read)
+    wrong = _etcdctl(certs, *read, user="mesh:guess")
     assert wrong.returncode != 0 and "authentication failed" in wrong.stderr, wrong.stderr
-    password = (RUN / "secrets" / "etcd-mesh").read_text().strip()
-    right = _etcdctl(certs, f"--user=mesh:{password}", *read)
+    right = _etcdctl(certs, *read, user=mesh)
     assert right.returncode == 0 and "/mcp/workers/worker-1" in right.stdout, right.stderr
-    outside = _etcdctl(certs, f"--user=mesh:{password}", "put", "/elsewhere", "x")
+    outside = _etcdctl(certs, "put", "/elsewhere", "x", user=mesh)
     assert outside.returncode != 0 and "permission denied" in outside.stderr, outside.stderr
 
 

@@ -57,8 +57,10 @@ def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
     pem = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-    path.write_bytes(pem)
-    os.chmod(path, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # never readable by others
+    os.fchmod(fd, 0o600)  # a file that was there keeps its mode through O_CREAT
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
 
 
 def _name(cn: str) -> x509.Name:
@@ -140,8 +142,12 @@ def make_certs(out: Path, *, workers: Iterable[str] = (), hosts: Iterable[str] =
     clients = curve / "clients"
     clients.mkdir(exist_ok=True)
     for name in (*CURVE_CLIENTS, *workers):
-        zmq.auth.create_certificates(curve, name)
-        os.chmod(curve / f"{name}.key_secret", 0o600)
+        umask = os.umask(0o077)  # zmq.auth writes both files with the umask's mode: the secret never open
+        try:
+            zmq.auth.create_certificates(curve, name)
+        finally:
+            os.umask(umask)
+        os.chmod(curve / f"{name}.key", 0o644)
         if name in CURVE_CLIENTS:
             shutil.copyfile(curve / f"{name}.key", clients / f"{name}.key")
     return out

@@ -77,8 +77,6 @@ def _start(name: str, module: str, flags: list[str], env: dict[str, str]) -> dic
 
 def _etcd(config: DevClusterConfig, ids: Identities | None) -> str:
     if config.etcd_endpoints is not None:
-        if ids is not None:
-            raise SystemExit("SECURE=1 starts its own etcd (TLS, users): unset MCP_ETCD_ENDPOINTS")
         return config.etcd_endpoints
     if _busy(2379):
         raise SystemExit("port 2379 is in use: set MCP_ETCD_ENDPOINTS to use that etcd, or stop it")
@@ -106,8 +104,14 @@ def up(config: DevClusterConfig, *, secure: bool = False) -> int:
     env = dict(config.environ)
     (RUN / "mcpctl.env").unlink(missing_ok=True)  # a plain cluster is not secured
     workers = [name for name, (module, _) in SERVICES.items() if module == "mcp_worker"]
+    if secure and config.etcd_endpoints is not None:
+        raise SystemExit("SECURE=1 starts its own etcd (TLS, users): unset MCP_ETCD_ENDPOINTS")
     ids = Identities.create(RUN, workers) if secure else None
-    endpoint = _etcd(config, ids)
+    try:
+        endpoint = _etcd(config, ids)
+    except BaseException:
+        (RUN / "mcpctl.env").unlink(missing_ok=True)  # nothing secured runs
+        raise
     repo = demo.build_repository(RUN / "models")
     for prefix in ("WORKER", "SCHEDULER", "ROUTER", "HEALTH"):
         env[f"MCP_{prefix}_ETCD_ENDPOINTS"] = endpoint
@@ -131,7 +135,8 @@ def up(config: DevClusterConfig, *, secure: bool = False) -> int:
     print(f"etcd at {endpoint}; logs in {RUN}/")
     if ids is not None:
         print(ids.how_to_connect(ROUTER, ROUTER_REST, endpoint))
-    print("`make down` stops it; `.venv/bin/mcpctl status` shows it")
+    show = "`make status` or, as above, mcpctl" if ids else "`.venv/bin/mcpctl status`"
+    print(f"`make down` stops it; {show} shows it")
     return 0
 
 

@@ -219,8 +219,8 @@ class EtcdServer:
         if self.tls is None or "root" not in passwords:
             raise ValueError("enable_auth needs a TLS server and a password for root")
         endpoint = [f"--endpoints={self.url}", f"--cacert={self.tls[0]}"]
-        for user, password in passwords.items():
-            self._etcdctl("user", "add", f"{user}:{password}", *endpoint)
+        for user, password in passwords.items():  # on stdin: a command line is readable by every user
+            self._etcdctl("user", "add", user, "--interactive=false", *endpoint, stdin=password + "\n")
             if user != "root":
                 self._etcdctl("role", "add", user, *endpoint)
                 grant = ("role", "grant-permission", user, "--prefix=true", "readwrite", prefix)
@@ -228,12 +228,18 @@ class EtcdServer:
                 self._etcdctl("user", "grant-role", user, user, *endpoint)
         self._etcdctl("auth", "enable", *endpoint)
 
-    def _etcdctl(self, *args: str) -> None:
+    def _etcdctl(self, *args: str, stdin: str | None = None) -> None:
         binary = shutil.which("etcdctl")
         if binary is None:
             raise EtcdStartError("etcdctl is not installed: run `make setup` (Debian's etcd-client)")
         done = subprocess.run(
-            [binary, *args], capture_output=True, text=True, env={"ETCDCTL_API": "3"}, timeout=60, check=False
+            [binary, *args],
+            capture_output=True,
+            text=True,
+            env={"ETCDCTL_API": "3"},
+            timeout=60,
+            check=False,
+            input=stdin,
         )
         if done.returncode != 0:
             raise EtcdStartError(f"etcdctl {' '.join(args[:2])} failed: {done.stderr.strip()[-2000:]}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,10 +52,12 @@ class Identities:
         for stale in (ids.certs, ids.secrets):  # a fresh CA and passwords each time, like etcd's data
             shutil.rmtree(stale, ignore_errors=True)
         make_certs(ids.certs, workers=workers)
+        (ids.certs / "ca.key").unlink()  # nothing more is issued from this CA: no key to steal
         ids.secrets.mkdir(mode=0o700, exist_ok=True)
         for user in ("root", ETCD_USER):
             _secret(ids.secrets / f"etcd-{user}")
-        ids.env_file.write_text("".join(f"export {k}={v}\n" for k, v in ids.mcpctl_env().items()))
+        env = ids.mcpctl_env().items()
+        ids.env_file.write_text("".join(f"export {k}={shlex.quote(v)}\n" for k, v in env))
         return ids
 
     @classmethod
@@ -144,9 +147,8 @@ class Identities:
             f"root_certificates=\"{ca}\", private_key=\"{key}\", certificate_chain=\"{cert}\")",
             f"tritonclient HTTP (as client):  tritonclient.http.InferenceServerClient(\"{rest}\", ssl=True, "
             f"ssl_options={{\"ca_certs\": \"{ca}\", \"certfile\": \"{cert}\", \"keyfile\": \"{key}\"}}, "
-            "ssl_context_factory=gevent.ssl.create_default_context)",
+            "ssl_context_factory=gevent.ssl.create_default_context)  # import gevent.ssl",
             f"curl:  curl --cacert {ca} --cert {cert} --key {key} https://{rest}/v2/health/ready",
-            f"etcdctl:  etcdctl --endpoints=https://{etcd} --cacert={ca} "
-            f"--user={ETCD_USER}:$(cat {password}) "
-            "get --prefix --keys-only /mcp/",
+            f"etcdctl:  ETCDCTL_USER={ETCD_USER}:$(cat {password}) etcdctl --endpoints=https://{etcd} "
+            f"--cacert={ca} get --prefix --keys-only /mcp/",
         ])  # fmt: skip
