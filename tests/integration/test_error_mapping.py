@@ -221,10 +221,12 @@ def register(name: str, key: str, size: int) -> Call:
     )
 
 
-def cuda_status() -> Call:
+def cuda_register(name: str) -> Call:
+    request = pb.CudaSharedMemoryRegisterRequest(name=name, raw_handle=b"h" * 64, byte_size=8)
+    body = json.dumps({"raw_handle": {"b64": "aGFuZGxl"}, "device_id": 0, "byte_size": 8}).encode()
     return Call(
-        lambda s: s.CudaSharedMemoryStatus(pb.CudaSharedMemoryStatusRequest(), timeout=10),
-        lambda: Http("GET", "/v2/cudasharedmemory/status"),
+        lambda s: s.CudaSharedMemoryRegister(request, timeout=10),
+        lambda: Http("POST", f"/v2/cudasharedmemory/region/{name}/register", body),
     )
 
 
@@ -284,7 +286,8 @@ ROWS = [
     Row(Unavailable, "declared-version-not-running", infer("demo-mlp", "2"),
         "model demo-mlp version 2 has no RUNNING replica",
         during=partial(paused, model="demo-mlp", version="2"), still=("demo-mlp", "2")),
-    Row(Unavailable, "cuda-shared-memory", cuda_status(), "CUDA shared memory is not available"),
+    Row(InvalidArgument, "cuda-shared-memory-on-a-router-without-cuda", cuda_register("g"),
+        "failed to register CUDA shared memory region: 'g', GPUs not supported"),
     Row(DeadlineExceeded, "timeout-under-the-slow-models-50-ms", infer("demo-slow", "1", timeout=20_000),
         "did not answer within", same_text=False, still=("demo-slow", "1")),  # the messages name the request
     Row(AlreadyExists, "region-registered-twice", register("dup", "/mcp-err-other", 64),

@@ -5,6 +5,8 @@ CUDA shared memory is UNAVAILABLE."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 import uuid
@@ -25,7 +27,8 @@ OUT_BYTES = 2 * 16 * 4
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, etcd_endpoint, repo):
     with small_mesh(tmp_path_factory.mktemp("shm"), etcd_endpoint, repo, "demo-mlp", ["1"]) as mesh:
-        yield pb_grpc.GRPCInferenceServiceStub(mesh.router.channel()), mesh.router.endpoints["rest"]
+        stub = pb_grpc.GRPCInferenceServiceStub(mesh.router.channel())
+        yield stub, mesh.router.endpoints["rest"], mesh.router.endpoints["grpc"]
 
 
 @pytest.fixture
@@ -66,7 +69,7 @@ def _http(url: str, path: str, body: dict | None = None, method: str = "POST"): 
 
 
 def test_grpc_reads_inputs_and_writes_outputs_in_the_region(cluster, region, repo):
-    stub, _ = cluster
+    stub, _, _ = cluster
     key = f"/{region.name}"
     stub.SystemSharedMemoryRegister(
         pb.SystemSharedMemoryRegisterRequest(name="r1", key=key, byte_size=region.size), timeout=5
@@ -85,7 +88,7 @@ def test_grpc_reads_inputs_and_writes_outputs_in_the_region(cluster, region, rep
 
 
 def test_rest_shares_the_regions_and_writes_outputs_there(cluster, region, repo):
-    stub, url = cluster
+    stub, url, _ = cluster
     key = f"/{region.name}"
     assert (
         _http(url, "/v2/systemsharedmemory/region/r2/register", {"key": key, "byte_size": region.size})[0]
@@ -115,7 +118,7 @@ def test_rest_shares_the_regions_and_writes_outputs_there(cluster, region, repo)
 
 
 def test_bad_registrations_and_references_are_client_errors(cluster, region):
-    stub, url = cluster
+    stub, url, _ = cluster
     key = f"/{region.name}"
 
     def register(name: str, key: str, size: int, offset: int = 0) -> grpc.StatusCode:
@@ -149,10 +152,59 @@ def test_bad_registrations_and_references_are_client_errors(cluster, region):
         stub.SystemSharedMemoryUnregister(pb.SystemSharedMemoryUnregisterRequest(name="r3"), timeout=5)
 
 
-def test_cuda_shared_memory_is_unavailable_with_a_reason(cluster):
-    stub, url = cluster
+# What every shared-memory example of Triton's does first (tritonclient's protos clash with ours in one
+# process: it runs in its own).
+TRITON_CUDA_SHM = """
+import sys, tritonclient.grpc as g, tritonclient.http as h
+grpc_client, http_client = g.InferenceServerClient(sys.argv[1]), h.InferenceServerClient(sys.argv[2])
+grpc_client.unregister_cuda_shared_memory()
+http_client.unregister_cuda_shared_memory()
+print(len(grpc_client.get_cuda_shared_memory_status().regions), http_client.get_cuda_shared_memory_status())
+"""
+
+
+def test_cuda_shared_memory_answers_as_triton_built_without_gpus(cluster, region):
+    """Triton's CPU build: status lists none, unregister succeeds with nothing registered (every
+    shared-memory example of Triton's calls it first), register is refused INVALID_ARGUMENT in Triton's
+    words, and a named status is NOT_FOUND; over gRPC, REST and tritonclient alike."""
+    stub, url, address = cluster
+    assert not stub.CudaSharedMemoryStatus(pb.CudaSharedMemoryStatusRequest(), timeout=5).regions
+    stub.CudaSharedMemoryUnregister(pb.CudaSharedMemoryUnregisterRequest(), timeout=5)
+    stub.CudaSharedMemoryUnregister(pb.CudaSharedMemoryUnregisterRequest(name="g"), timeout=5)
     with pytest.raises(grpc.RpcError) as info:
-        stub.CudaSharedMemoryStatus(pb.CudaSharedMemoryStatusRequest(), timeout=5)
-    assert info.value.code() == grpc.StatusCode.UNAVAILABLE and "runs no CUDA" in info.value.details()
-    status, doc = _http(url, "/v2/cudasharedmemory/region/g/register", {"raw_handle": {"b64": ""}})
-    assert status == 503 and "system shared memory" in doc["error"]
+        stub.CudaSharedMemoryStatus(pb.CudaSharedMemoryStatusRequest(name="g"), timeout=5)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert info.value.details() == "Unable to find cuda shared memory region: 'g'"
+    register = pb.CudaSharedMemoryRegisterRequest(name="g", raw_handle=b"x" * 64, device_id=0, byte_size=8)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.CudaSharedMemoryRegister(register, timeout=5)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details().startswith(
+        "failed to register CUDA shared memory region: 'g', GPUs not supported"
+    )
+    assert "SystemSharedMemoryRegister" in info.value.details()  # what to do instead
+
+    assert _http(url, "/v2/cudasharedmemory/status", method="GET") == (200, [])
+    assert _http(url, "/v2/cudasharedmemory/unregister", {}) == (200, None)
+    assert _http(url, "/v2/cudasharedmemory/region/g/unregister") == (200, None)
+    status, doc = _http(url, "/v2/cudasharedmemory/region/g/status", method="GET")
+    assert status == 404 and doc["error"] == "Unable to find cuda shared memory region: 'g'"
+    status, doc = _http(
+        url, "/v2/cudasharedmemory/region/g/register", {"raw_handle": {"b64": ""}, "byte_size": 8}
+    )
+    assert status == 400 and doc["error"].startswith("failed to register CUDA shared memory region: 'g'")
+
+    stub.SystemSharedMemoryRegister(  # a system region of that name: Triton says which kind it is
+        pb.SystemSharedMemoryRegisterRequest(name="sys", key=f"/{region.name}", byte_size=16), timeout=5
+    )
+    try:
+        status, doc = _http(url, "/v2/cudasharedmemory/region/sys/status", method="GET")
+        assert status == 404 and "registered as system shared memory, not CUDA" in doc["error"]
+        assert _http(url, "/v2/cudasharedmemory/unregister", {}) == (200, None)
+        assert _http(url, "/v2/systemsharedmemory/region/sys/status", method="GET")[0] == 200  # untouched
+    finally:
+        stub.SystemSharedMemoryUnregister(pb.SystemSharedMemoryUnregisterRequest(name="sys"), timeout=5)
+
+    done = subprocess.run([sys.executable, "-c", TRITON_CUDA_SHM, address, url], capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.split() == ["0", "[]"], done.stderr[-2000:]

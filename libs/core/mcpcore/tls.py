@@ -58,7 +58,9 @@ _KSERVE = "/inference.GRPCInferenceService/"
 
 #: Registering Triton system shared memory with the router: its own permission (``tls.shm_clients``), as
 #: the router maps what a region names.
-SHM_METHODS = frozenset({f"{_KSERVE}SystemSharedMemoryRegister", f"{_KSERVE}SystemSharedMemoryUnregister"})
+SHM_METHODS = frozenset(
+    f"{_KSERVE}{kind}SharedMemory{verb}" for kind in ("System", "Cuda") for verb in ("Register", "Unregister")
+)
 
 #: Methods that change the mesh (or stop a worker): mTLS clients need a name allowed for the method.
 CONTROL_METHODS = frozenset(

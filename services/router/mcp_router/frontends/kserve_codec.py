@@ -23,7 +23,7 @@ Invariants:
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -33,7 +33,7 @@ import numpy as np
 from mcp_router import trace
 from mcp_router.dataplane import DataPlane, InferResult, SequenceFlags
 from mcpcore import tracing
-from mcpcore.errors import InvalidArgument, NotFound, Unavailable
+from mcpcore.errors import InvalidArgument, NotFound
 
 __all__ = [
     "BYTES_ELEMENT",
@@ -44,12 +44,13 @@ __all__ = [
     "MAX_PARAMETERS",
     "MAX_PARAMETER_BYTES",
     "MAX_REQUEST_ID_CHARS",
-    "NO_CUDA_SHM",
     "SERVER_NAME",
     "InferOptions",
     "Request",
     "check_request_id",
     "check_shape",
+    "cuda_shm_register",
+    "cuda_shm_status",
     "infer",
     "infer_options",
     "load_version",
@@ -73,10 +74,28 @@ EXTENSIONS = (
     "trace",
     "logging",
 )
-NO_CUDA_SHM = Unavailable(
-    "CUDA shared memory is not available: the router runs no CUDA; use system shared memory "
-    "(SystemSharedMemoryRegister) or send the tensors"
-)
+
+
+def cuda_shm_status(system_regions: Collection[str], name: str) -> list[Any]:
+    """CUDA shared memory status, as Triton built without GPUs answers it (the router runs no CUDA, so
+    none is ever registered): every region, none; a named one, NOT_FOUND in Triton's words."""
+    if not name:
+        return []
+    if name in system_regions:
+        raise NotFound(
+            f"The region named '{name}' is registered as system shared memory, not CUDA shared memory"
+        )
+    raise NotFound(f"Unable to find cuda shared memory region: '{name}'")
+
+
+def cuda_shm_register(name: str) -> InvalidArgument:
+    """The refusal of a CUDA region (Triton's words first, then what to do instead); unregistering one
+    succeeds, as in Triton, since none is registered."""
+    return InvalidArgument(
+        f"failed to register CUDA shared memory region: '{name}', GPUs not supported: the router runs no "
+        "CUDA; register system shared memory (SystemSharedMemoryRegister) or send the tensors"
+    )
+
 
 #: A stream's flag (Triton's): each answer says whether it is the last, and a decoupled model's empty
 #: last one is sent.

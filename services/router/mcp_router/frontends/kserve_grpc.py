@@ -24,7 +24,7 @@ from typing import Any
 from mcp_router import trace
 from mcp_router.dataplane import DataPlane, InferResult, TensorMeta
 from mcp_router.frontends import kserve_codec, kserve_grpc_wire, kserve_stream, logsettings
-from mcp_router.frontends.kserve_codec import EXTENSIONS, NO_CUDA_SHM, SERVER_NAME
+from mcp_router.frontends.kserve_codec import EXTENSIONS, SERVER_NAME
 from mcp_router.frontends.kserve_grpc_tensors import (
     decode_inputs,
     encode_response,
@@ -190,14 +190,21 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         self._shm.unregister(request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
-    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
-        raise NO_CUDA_SHM
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest, context: Any
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        kserve_codec.cuda_shm_status({r.name for r in self._shm.status()}, request.name)
+        return pb.CudaSharedMemoryStatusResponse()  # none: the router runs no CUDA
 
-    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        raise NO_CUDA_SHM
+    async def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest, context: Any
+    ) -> Any:
+        raise kserve_codec.cuda_shm_register(request.name)
 
-    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
-        raise NO_CUDA_SHM
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest, context: Any
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        return pb.CudaSharedMemoryUnregisterResponse()  # none is registered: nothing to do, as in Triton
 
     # -- tracing ---------------------------------------------------------------------------------------
     async def TraceSetting(self, request: pb.TraceSettingRequest, context: Any) -> pb.TraceSettingResponse:

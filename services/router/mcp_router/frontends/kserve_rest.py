@@ -55,7 +55,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from mcp_router import trace
 from mcp_router.dataplane import DataPlane
 from mcp_router.frontends import kserve_codec, logsettings
-from mcp_router.frontends.kserve_codec import EXTENSIONS, NO_CUDA_SHM, SERVER_NAME
+from mcp_router.frontends.kserve_codec import EXTENSIONS, SERVER_NAME
 from mcp_router.frontends.kserve_model_info import model_config_proto, statistics_proto
 from mcp_router.frontends.kserve_rest_json import (
     as_json,
@@ -77,6 +77,7 @@ __all__ = ["RestFrontEnd"]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _MAX_BODY = web.AppKey("max_body", int)
 _SHM_REGISTER, _SHM_UNREGISTER = "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister"
+_CUDA_SHM_REGISTER, _CUDA_SHM_UNREGISTER = "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister"
 
 
 def _error(err: MCPError) -> web.Response:
@@ -211,11 +212,20 @@ class RestFrontEnd:
             web.post(model + "/trace/setting", self._control(self._trace, "TraceSetting")),
             web.get("/v2/logging", self._control(self._logging, "LogSettings")),
             web.post("/v2/logging", self._control(self._logging, "LogSettings")),
-            web.get("/v2/cudasharedmemory/status", self._no_cuda_shm),
-            web.get("/v2/cudasharedmemory/region/{region}/status", self._no_cuda_shm),
-            web.post("/v2/cudasharedmemory/region/{region}/register", self._no_cuda_shm),
-            web.post("/v2/cudasharedmemory/unregister", self._no_cuda_shm),
-            web.post("/v2/cudasharedmemory/region/{region}/unregister", self._no_cuda_shm),
+            web.get("/v2/cudasharedmemory/status", self._cuda_shm_status),
+            web.get("/v2/cudasharedmemory/region/{region}/status", self._cuda_shm_status),
+            web.post(
+                "/v2/cudasharedmemory/region/{region}/register",
+                self._control(self._cuda_shm_register, _CUDA_SHM_REGISTER),
+            ),
+            web.post(
+                "/v2/cudasharedmemory/unregister",
+                self._control(self._cuda_shm_unregister, _CUDA_SHM_UNREGISTER),
+            ),
+            web.post(
+                "/v2/cudasharedmemory/region/{region}/unregister",
+                self._control(self._cuda_shm_unregister, _CUDA_SHM_UNREGISTER),
+            ),
         ]
         for path in versioned:
             routes += [
@@ -352,8 +362,17 @@ class RestFrontEnd:
         self._shm.unregister(request.match_info.get("region", ""))
         return web.Response(status=200)
 
-    async def _no_cuda_shm(self, request: web.Request) -> web.Response:
-        raise NO_CUDA_SHM
+    async def _cuda_shm_status(self, request: web.Request) -> web.Response:
+        names = {r.name for r in self._shm.status()}
+        return web.json_response(kserve_codec.cuda_shm_status(names, request.match_info.get("region", "")))
+
+    async def _cuda_shm_register(self, request: web.Request) -> web.Response:
+        await read_json(request, allow_empty=True)
+        raise kserve_codec.cuda_shm_register(request.match_info["region"])
+
+    async def _cuda_shm_unregister(self, request: web.Request) -> web.Response:
+        await read_json(request, allow_empty=True)
+        return web.Response(status=200)  # none is registered: nothing to do, as in Triton
 
     async def _trace(self, request: web.Request) -> web.Response:
         """Triton's REST form: values are a string or a list of strings (null clears one); answers give
