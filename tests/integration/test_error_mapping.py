@@ -288,8 +288,10 @@ ROWS = [
         during=partial(paused, model="demo-mlp", version="2"), still=("demo-mlp", "2")),
     Row(InvalidArgument, "cuda-shared-memory-on-a-router-without-cuda", cuda_register("g"),
         "failed to register CUDA shared memory region: 'g', GPUs not supported"),
+    # the router's deadline ("did not answer within 20 ms") or the worker's queue ("waited 20.3 ms in the
+    # queue ..., over its 20 ms timeout"), whichever sees it first: both name the timeout and the request
     Row(DeadlineExceeded, "timeout-under-the-slow-models-50-ms", infer("demo-slow", "1", timeout=20_000),
-        "did not answer within", same_text=False, still=("demo-slow", "1")),  # the messages name the request
+        "20 ms", same_text=False, still=("demo-slow", "1")),
     Row(AlreadyExists, "region-registered-twice", register("dup", "/mcp-err-other", 64),
         "shared memory region 'dup' is registered already; unregister it first",
         during=partial(registered, name="dup")),
