@@ -9,7 +9,8 @@ records live on. One request from anyone who can reach the port would do it.
 
 Invariants:
 - The server keeps what it was given (handlers, ports; a port asked as 0 is kept as the one it got).
-- When grpc's serving loop ends on its own, a new server takes the same ports at once: grpc logs the
+- When grpc's serving loop ends on its own, a new server takes the same ports at once, and alone (no
+  ``SO_REUSEPORT`` beside the ended one's listener, unless the port is shared by design): grpc logs the
   failure (the filter below turns that record into a wake-up for every ``AioServer`` of the process, each
   of which asks its own server whether it ended), and a server that ends without a log line (a grpc that
   logs no more) is found when its shutdown completes. The one that ended finishes its running calls
@@ -34,12 +35,14 @@ import grpc.aio
 from mcpcore.logs import OncePer
 from mcpcore.tls import TLSConfig
 
-__all__ = ["RETIRE_GRACE_S", "AioServer"]
+__all__ = ["REBIND_S", "RETIRE_GRACE_S", "AioServer"]
 
 log = logging.getLogger(__name__)
 
 #: How long a server whose serving loop ended may finish the calls it still runs.
 RETIRE_GRACE_S = 10.0
+#: How long a new server tries to take the ports while the ended one's listener closes.
+REBIND_S = 5.0
 _FOREVER_S = 1e9  # a timeout that never fires: grpc shields its shutdown future only under a timeout
 _PATH_NOT_UTF_8 = "a request's method path is not UTF-8"
 _RESTARTS = OncePer(10.0)
@@ -91,8 +94,9 @@ class AioServer:
         self.restarts = 0
         self.server = self._new()
 
-    def _new(self) -> grpc.aio.Server:
-        return grpc.aio.server(options=self._options, maximum_concurrent_rpcs=self._maximum_concurrent_rpcs)
+    def _new(self, options: list[tuple[str, Any]] | None = None) -> grpc.aio.Server:
+        options = self._options if options is None else options
+        return grpc.aio.server(options=options, maximum_concurrent_rpcs=self._maximum_concurrent_rpcs)
 
     def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
         self._generic.extend(handlers)
@@ -157,12 +161,28 @@ class AioServer:
         return ", ".join(address for address, _ in self._ports)
 
     async def _serve_again(self, cause: str) -> None:
-        server = self._new()
-        server.add_generic_rpc_handlers(self._generic)
-        for service, handlers in self._registered.items():
-            server.add_registered_method_handlers(service, handlers)
-        for address, tls in self._ports:
-            self._bind(server, address, tls)
+        # Bound without SO_REUSEPORT (unless the port is shared with sibling processes by design): while
+        # the ended server's listener still accepts, the bind fails and is tried again, so no connection
+        # lands on a server that takes no calls.
+        shared = ("grpc.so_reuseport", 1) in self._options
+        options = [o for o in self._options if shared or o[0] != "grpc.so_reuseport"]
+        options += [] if shared else [("grpc.so_reuseport", 0)]
+        loop = asyncio.get_running_loop()
+        deadline, pause = loop.time() + REBIND_S, 0.005
+        while True:
+            server = self._new(options)
+            server.add_generic_rpc_handlers(self._generic)
+            for service, handlers in self._registered.items():
+                server.add_registered_method_handlers(service, handlers)
+            try:
+                for address, tls in self._ports:
+                    self._bind(server, address, tls)
+                break
+            except OSError:
+                if loop.time() > deadline:
+                    raise
+            await asyncio.sleep(pause)  # backing off: nothing signals when grpc's listener has closed
+            pause = min(2 * pause, 0.2)
         await server.start()
         old, self.server = self.server, server
         retire = asyncio.ensure_future(old.stop(RETIRE_GRACE_S))  # its running calls finish there
