@@ -251,3 +251,21 @@ def test_log_settings_are_the_routers_own_level_over_both_doors(rest):
         assert client.get_log_settings()["log_verbose_level"] == 1  # the refused changes moved nothing
     finally:
         client.update_log_settings({"log_verbose_level": 0})
+
+
+def test_the_server_name_is_a_setting_answered_by_both_doors(tmp_path, etcd_endpoint):
+    """``server_name`` (Triton's clients print it; some tools look for "triton"): ServerMetadata answers it
+    over gRPC and REST; a name that is empty or not printable stops the router at start, naming it."""
+    prefix = f"/t{uuid.uuid4().hex[:8]}/mcp"
+    router = RouterProcess(tmp_path, etcd_endpoint, prefix=prefix, scheduler="", server_name="triton").start()
+    try:
+        stub = pb_grpc.GRPCInferenceServiceStub(router.channel())
+        assert stub.ServerMetadata(pb.ServerMetadataRequest(), timeout=10).name == "triton"
+        got, _, raw = _http(router.endpoints["rest"], "GET", "/v2")
+        assert got == 200 and json.loads(raw)["name"] == "triton"
+    finally:
+        router.stop()
+    (tmp_path / "bad").mkdir()
+    bad = RouterProcess(tmp_path / "bad", etcd_endpoint, prefix=prefix, scheduler="", server_name="a\tb")
+    with pytest.raises(RuntimeError, match="server_name: 1 to 256 printable characters"):
+        bad.start()

@@ -33,6 +33,9 @@ class RouterConfig:
     #: A REST connection on which no whole request arrives this long after it opened or was last answered
     #: is closed: an idle keep-alive one, or one sending its headers a byte at a time; seconds.
     rest_idle_timeout_s: float = 60.0
+    #: The name ServerMetadata answers on both KServe doors (Triton's clients print it; "triton" for
+    #: tools that look for Triton's own name).
+    server_name: str = "mcpmesh"
     metrics: MetricsServing = field(
         default_factory=lambda: MetricsServing(port=9101), metadata=flat("metrics_")
     )
@@ -111,6 +114,8 @@ class RouterConfig:
             raise ValueError(f"load_factor: must be >= 1.0, got {self.load_factor}")
         if not 0 <= self.retry_budget_ratio <= 1:
             raise ValueError(f"retry_budget_ratio: must be within 0..1, got {self.retry_budget_ratio}")
+        if not (self.server_name.isprintable() and 0 < len(self.server_name) <= 256):
+            raise ValueError(f"server_name: 1 to 256 printable characters, got {self.server_name!r}")
         if not self.rest_idle_timeout_s > 0:
             raise ValueError(f"rest_idle_timeout_s: must be > 0 s, got {self.rest_idle_timeout_s}")
         if self.max_in_flight_per_worker < 1:

@@ -144,6 +144,7 @@ class RouterServer:
         self.rest = RestFrontEnd(
             self.router,
             version=VERSION,
+            server_name=config.server_name,
             max_body_bytes=config.rest_max_body_bytes,
             idle_timeout_s=config.rest_idle_timeout_s,
             shm=self.shm,
@@ -174,6 +175,7 @@ class RouterServer:
             KServeServicer(
                 self.router,
                 version=VERSION,
+                server_name=self.config.server_name,
                 shm=self.shm,
                 tracer=self.tracer,
                 max_tensor_bytes=self.config.max_message_bytes,

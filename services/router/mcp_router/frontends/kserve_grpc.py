@@ -51,6 +51,7 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         dataplane: DataPlane,
         *,
         version: str,
+        server_name: str = SERVER_NAME,
         shm: SharedMemory | None = None,
         tracer: trace.Tracer | None = None,
         max_tensor_bytes: int = kserve_codec.DEFAULT_MAX_TENSOR_BYTES,
@@ -58,6 +59,7 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         self._dataplane = dataplane
         self._max_tensor_bytes = max_tensor_bytes
         self._version = version
+        self._server_name = server_name
         self._shm = shm if shm is not None else SharedMemory()
         self._tracer = tracer if tracer is not None else trace.Tracer()
         self._tracing = tracing.enabled()  # OpenTelemetry, apart from TraceSetting's tracer
@@ -74,7 +76,7 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ServerMetadata(
         self, request: pb.ServerMetadataRequest, context: Any
     ) -> pb.ServerMetadataResponse:
-        return pb.ServerMetadataResponse(name=SERVER_NAME, version=self._version, extensions=EXTENSIONS)
+        return pb.ServerMetadataResponse(name=self._server_name, version=self._version, extensions=EXTENSIONS)
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
         meta = self._dataplane.model_metadata(request.name, request.version)

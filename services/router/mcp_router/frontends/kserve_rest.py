@@ -157,6 +157,7 @@ class RestFrontEnd:
         dataplane: DataPlane,
         *,
         version: str,
+        server_name: str = SERVER_NAME,
         max_body_bytes: int = 64 << 20,
         shm: SharedMemory | None = None,
         tracer: trace.Tracer | None = None,
@@ -174,6 +175,7 @@ class RestFrontEnd:
         self._tracer = tracer if tracer is not None else trace.Tracer()
         self._tracing = tracing.enabled()  # OpenTelemetry, apart from TraceSetting's tracer
         self._version = version
+        self._server_name = server_name
         self._max_body = max_body_bytes
         self._runner: web.AppRunner | None = None
         self._grace_s = drain_timeout_s
@@ -282,7 +284,7 @@ class RestFrontEnd:
 
     async def _server_metadata(self, request: web.Request) -> web.Response:
         return web.json_response(
-            {"name": SERVER_NAME, "version": self._version, "extensions": list(EXTENSIONS)}
+            {"name": self._server_name, "version": self._version, "extensions": list(EXTENSIONS)}
         )
 
     async def _model_metadata(self, request: web.Request) -> web.Response:
