@@ -12,7 +12,6 @@ calls it), not ``make test``; a cluster already running fails it at once (``make
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import ssl
 import subprocess
@@ -28,7 +27,7 @@ import pytest
 import zmq
 import zmq.auth
 import zmq.utils.monitor
-from test_security import _code, client_tls
+from test_security import _code, client_tls, https
 
 from mcp_devcluster.certs import make_certs
 from mcp_devcluster.launcher import HEALTH, ROUTER, ROUTER_REST, SCHEDULER
@@ -105,19 +104,10 @@ def test_every_grpc_door_refuses_plaintext_no_certificate_and_a_foreign_ca(clust
     assert _health_check(_as(certs, "client", address)) == grpc.StatusCode.OK
 
 
-def _https(certs: Path, path: str, name: str | None, body: dict | None = None, *, ca: Path | None = None,
-           client_certs: Path | None = None) -> tuple[int, dict]:  # fmt: skip
-    context = ssl.create_default_context(cafile=str(ca or certs / "ca.pem"))
-    if name is not None:
-        own = client_certs or certs
-        context.load_cert_chain(own / f"{name}.pem", own / f"{name}.key")
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(f"https://{ROUTER_REST}{path}", data=data)
-    try:
-        with urllib.request.urlopen(request, timeout=10, context=context) as resp:
-            return resp.status, json.loads(resp.read() or b"{}")
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"{}")
+def _https(
+    certs: Path, path: str, name: str | None, body: dict | None = None, **trust: Path
+) -> tuple[int, dict]:
+    return https(ROUTER_REST, certs, path, name, body, **trust)
 
 
 REFUSED = (urllib.error.URLError, ConnectionError, ssl.SSLError)

@@ -224,17 +224,33 @@ def test_control_apis_need_a_certificate_on_the_allow_list(mesh):
     assert _infer(mesh.channel("router", "client")) is not None  # nothing was unloaded
 
 
-def _https(mesh: Secured, path: str, name: str | None, body: dict | None = None) -> tuple[int, dict]:
-    context = ssl.create_default_context(cafile=str(mesh.certs / "ca.pem"))
+def https(
+    address: str,
+    certs: Path,
+    path: str,
+    name: str | None,
+    body: dict | None = None,
+    *,
+    ca: Path | None = None,
+    client_certs: Path | None = None,
+) -> tuple[int, dict]:
+    """A JSON request to the REST door at ``address`` over TLS: trusting ``ca`` (default ``certs``' CA),
+    as ``name`` from ``client_certs`` (default ``certs``; None: no client certificate)."""
+    context = ssl.create_default_context(cafile=str(ca or certs / "ca.pem"))
     if name is not None:
-        context.load_cert_chain(mesh.certs / f"{name}.pem", mesh.certs / f"{name}.key")
+        own = client_certs or certs
+        context.load_cert_chain(own / f"{name}.pem", own / f"{name}.key")
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(f"https://{mesh.router.endpoints['rest']}{path}", data=data)
+    request = urllib.request.Request(f"https://{address}{path}", data=data)
     try:
         with urllib.request.urlopen(request, timeout=10, context=context) as resp:
             return resp.status, json.loads(resp.read() or b"{}")
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read() or b"{}")
+
+
+def _https(mesh: Secured, path: str, name: str | None, body: dict | None = None) -> tuple[int, dict]:
+    return https(mesh.router.endpoints["rest"], mesh.certs, path, name, body)
 
 
 def test_rest_is_https_with_the_same_rules(mesh, repo):
